@@ -1,0 +1,51 @@
+"""Tile configurations of the kernels, as frozen dataclasses.
+
+Kept apart from the kernel modules so the selector (and ``python -m flash4 info``) can read
+them without importing the CuTe-DSL compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# One Hopper warpgroup: four warps issue one wgmma together.
+THREADS_PER_WARPGROUP = 128
+# A wgmma tile is 64 rows tall: each consumer warpgroup owns 64 query rows.
+ROWS_PER_CONSUMER_WARPGROUP = 64
+# Usable shared memory per CTA on sm_90 (228 KiB minus the 1 KiB the driver reserves).
+SM90_SMEM_BYTES = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Sm90ForwardConfig:
+    """One compiled variant of the Hopper forward kernel.
+
+    ``tile_n`` keys per KV block; ``kv_stages`` slots in the K and V shared-memory rings.
+    """
+
+    head_dim: int
+    tile_n: int
+    kv_stages: int = 2
+    consumer_warpgroups: int = 2
+    causal: bool = False
+
+    @property
+    def tile_m(self) -> int:
+        return self.consumer_warpgroups * ROWS_PER_CONSUMER_WARPGROUP
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """Q tile (reused for the O epilogue) plus the K and V rings, plus barriers."""
+        q = self.tile_m * self.head_dim * elem_bytes
+        kv = 2 * self.kv_stages * self.tile_n * self.head_dim * elem_bytes
+        return q + kv + 1024
+
+    def __post_init__(self) -> None:
+        if self.head_dim % 8 or not 8 <= self.head_dim <= 256:
+            raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(
+                f"{self}: needs {self.smem_bytes()} bytes of shared memory, "
+                f"sm_90 has {SM90_SMEM_BYTES}"
+            )
