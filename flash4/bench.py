@@ -1,0 +1,407 @@
+"""``python -m flash4 bench``: the forward benchmark of DESIGN.md's performance protocol.
+
+On a GPU that the selector serves, every protocol shape is timed for flash4 and for each
+peer that can be imported (torch SDPA with its cuDNN and flash backends, flash-attn-4), in
+this process and on the same tensors, and the figure that counts is printed per shape:
+flash4's TFLOP/s over the best peer's. Without such a GPU, every kernel of the selector's
+table is compiled for sm_90a instead, with its compile time and the PTX instructions the
+design depends on, so the command still shows something real.
+
+Peers are optional: a peer that fails to import or to run is recorded with its error for
+that shape and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import math
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from flash4 import dispatch
+
+# The sweep of the FlashAttention-3/4 papers: every shape holds the same number of tokens
+# (batch * seqlen) and the same model width (heads * head_dim), so moving along seqlen changes
+# only the attention length, not the amount of data.
+TOKENS = 16384
+HIDDEN = 2048
+HEAD_DIMS = (64, 128, 256)
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+# --quick: a short, a middle and the longest sequence, enough to see the trend in a minute.
+QUICK_SEQLENS = (1024, 4096, 16384)
+DTYPE = torch.bfloat16
+
+# triton.testing.do_bench budgets in milliseconds (its defaults), and shorter ones for --quick.
+WARMUP_MS, REP_MS = 25, 100
+QUICK_WARMUP_MS, QUICK_REP_MS = 10, 30
+# The CUDA-event fallback counts calls instead of milliseconds.
+EVENT_WARMUP_CALLS, EVENT_TIMED_CALLS = 10, 50
+# Larger than the H200's 50 MB L2, so clearing it evicts the previous call's inputs, as
+# do_bench does: each timed call starts from a cold cache in both timers.
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+# Without a supported GPU the table is compiled for this architecture (what CI checks too).
+COMPILE_ONLY_ARCH = "sm_90a"
+# The instructions the Hopper design depends on; a kernel whose PTX lacks one is flagged.
+REQUIRED_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier")
+
+FLASH4 = "flash4"
+PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One protocol shape; q, k and v are (batch, seqlen, heads, head_dim)."""
+
+    batch: int
+    seqlen: int
+    heads: int
+    head_dim: int
+    causal: bool
+
+    @property
+    def flops(self) -> int:
+        return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+
+    def label(self) -> str:
+        return f"hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  b{self.batch:<3d} h{self.heads:<3d} " + (
+            "causal" if self.causal else "full  "
+        )
+
+
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> int:
+    """Forward FLOPs: two GEMMs (QKᵀ and PV) of 2·s_q·s_k·d each, per head.
+
+    Causal attention counts half, the papers' convention (it ignores the diagonal blocks).
+    """
+    flops = 4 * batch * heads * seqlen_q * seqlen_k * head_dim
+    return flops // 2 if causal else flops
+
+
+def protocol_shapes(
+    head_dims: Sequence[int] = HEAD_DIMS,
+    seqlens: Sequence[int] = SEQLENS,
+    causal_modes: Sequence[bool] = (False, True),
+) -> tuple[Shape, ...]:
+    """The protocol's shapes, head dim outermost; batch is at least one sequence."""
+    return tuple(
+        Shape(batch=max(1, TOKENS // seqlen), seqlen=seqlen, heads=HIDDEN // head_dim, head_dim=head_dim, causal=causal)
+        for head_dim in head_dims
+        for causal in causal_modes
+        for seqlen in seqlens
+    )
+
+
+@dataclass(frozen=True)
+class Options:
+    head_dims: tuple[int, ...] = HEAD_DIMS
+    seqlens: tuple[int, ...] | None = None  # None: the protocol's (or the quick) list
+    causal_modes: tuple[bool, ...] = (False, True)
+    quick: bool = False
+    out: Path | None = None
+    command: str = ""
+
+    def shapes(self) -> tuple[Shape, ...]:
+        seqlens = self.seqlens or (QUICK_SEQLENS if self.quick else SEQLENS)
+        return protocol_shapes(self.head_dims, seqlens, self.causal_modes)
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timer:
+    description: str
+    milliseconds: Callable[[Callable[[], Any]], float]
+
+
+def make_timer(quick: bool) -> Timer:
+    warmup, rep = (QUICK_WARMUP_MS, QUICK_REP_MS) if quick else (WARMUP_MS, REP_MS)
+    try:
+        from triton.testing import do_bench
+    except ImportError as exc:
+        calls = EVENT_TIMED_CALLS // 5 if quick else EVENT_TIMED_CALLS
+        return Timer(
+            f"triton is not importable ({exc}); FALLBACK: median of CUDA events over {calls} calls, L2 flushed",
+            lambda fn: _event_median_ms(fn, calls),
+        )
+    return Timer(
+        f"median of triton.testing.do_bench(warmup={warmup} ms, rep={rep} ms)",
+        lambda fn: float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median")),
+    )
+
+
+def _event_median_ms(fn: Callable[[], Any], calls: int) -> float:
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    for _ in range(EVENT_WARMUP_CALLS):
+        fn()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    for start, end in pairs:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in pairs)
+
+
+# --- providers ----------------------------------------------------------------------------
+
+# A provider turns (q, k, v, causal, scale), all in flash4's (b, s, h, d) layout, into a
+# no-argument call to time and a function that brings its result back to (b, s, h, d).
+# Everything else (layout views, backend lookups) happens once, outside the timed call.
+Prepared = tuple[Callable[[], Any], Callable[[Any], torch.Tensor]]
+
+
+def _flash4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    from flash4.interface import flash_attn_func
+
+    return (lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)), (lambda out: out)
+
+
+def _sdpa(backend_name: str) -> Callable[..., Prepared]:
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        backend = getattr(SDPBackend, backend_name)
+        # SDPA wants (b, h, s, d); transposed views cost nothing and keep the same storage.
+        # Its is_causal is aligned top-left, flash4's bottom-right: equal here, as s_q == s_k.
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        # The backend is chosen inside the timed call, as a user would: its host cost (a few
+        # microseconds) is hidden behind the timer's L2 flush on the GPU, like flash4's own.
+        def run() -> torch.Tensor:
+            with sdpa_kernel(backend):
+                return scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+
+        return run, (lambda out: out.transpose(1, 2))
+
+    return prepare
+
+
+def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    from flash_attn.cute import flash_attn_func
+
+    # 4.0.0b36 returns (out, lse); other versions may return out alone.
+    return (lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)), (
+        lambda out: out[0] if isinstance(out, tuple) else out
+    )
+
+
+PROVIDERS: dict[str, Callable[..., Prepared]] = {
+    FLASH4: _flash4,
+    "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
+    "sdpa-flash": _sdpa("FLASH_ATTENTION"),
+    "fa4": _fa4,
+}
+
+
+# --- one shape ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One provider on one shape: a time, or the error that prevented it."""
+
+    ms: float | None = None
+    tflops: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ShapeRecord:
+    shape: Shape
+    flops: int
+    results: dict[str, Measurement]
+    # flash4's output against the first SDPA backend that ran (a sanity check, not a test).
+    max_abs_diff: float | None
+    diff_against: str | None
+    ratio_vs_best_peer: float | None
+    best_peer: str | None
+
+
+def _error_text(exc: BaseException) -> str:
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first_line}"[:300]
+
+
+def measure_shape(
+    shape: Shape,
+    timer: Timer,
+    providers: dict[str, Callable[..., Prepared]] = PROVIDERS,
+    device: str = "cuda",
+) -> ShapeRecord:
+    """Time every provider on one set of tensors; ``providers`` and ``device`` are for tests."""
+    shape_qkv = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
+    q, k, v = (torch.randn(shape_qkv, dtype=DTYPE, device=device) for _ in range(3))
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    results: dict[str, Measurement] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    for name, prepare in providers.items():
+        try:
+            run, to_bshd = prepare(q, k, v, shape.causal, scale)
+            # The first call compiles (flash4, fa4) and gives the output for the sanity check;
+            # synchronizing surfaces its launch errors here rather than inside the timer.
+            outputs[name] = to_bshd(run())
+            if q.is_cuda:
+                torch.cuda.synchronize()
+            ms = timer.milliseconds(run)
+        except Exception as exc:  # a peer that cannot run is data, not a reason to stop
+            results[name] = Measurement(error=_error_text(exc))
+            continue
+        results[name] = Measurement(ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12)
+
+    diff, against = None, None
+    reference = next((n for n in ("sdpa-cudnn", "sdpa-flash") if n in outputs), None)
+    if FLASH4 in outputs and reference is not None:
+        diff = float((outputs[FLASH4].float() - outputs[reference].float()).abs().max())
+        against = reference
+
+    peers = {n: m.tflops for n, m in results.items() if n != FLASH4 and m.tflops is not None}
+    best = max(peers, key=peers.__getitem__) if peers else None
+    ours = results[FLASH4].tflops if FLASH4 in results else None
+    ratio = ours / peers[best] if best is not None and ours is not None else None
+    return ShapeRecord(shape, shape.flops, results, diff, against, ratio, best)
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _cell(m: Measurement) -> str:
+    return f"{m.tflops:10.1f}" if m.tflops is not None else f"{'error':>10}"
+
+
+def table_header() -> str:
+    names = "".join(f"{n:>11}" for n in (FLASH4, *PEERS))
+    return f"{'shape':46}{names}  {'flash4/best':>11}  {'max|diff|':>9}"
+
+
+def table_row(record: ShapeRecord) -> str:
+    cells = "".join(" " + _cell(record.results.get(n, Measurement(error="not run"))) for n in (FLASH4, *PEERS))
+    ratio = f"{record.ratio_vs_best_peer:11.3f}" if record.ratio_vs_best_peer is not None else f"{'-':>11}"
+    diff = f"{record.max_abs_diff:9.2e}" if record.max_abs_diff is not None else f"{'-':>9}"
+    return f"{record.shape.label():46}{cells}  {ratio}  {diff}"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "flash_attn_4": _version("flash-attn-4"),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": _version("triton"),
+    }
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+# --- entry points -------------------------------------------------------------------------
+
+
+def supported_gpu() -> tuple[bool, str]:
+    """Whether this process sees a GPU the selector serves, and what it sees, in words."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (torch.cuda.is_available() is False)"
+    major, minor = torch.cuda.get_device_capability()
+    arch = dispatch.arch_of_capability(major, minor)
+    found = f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}, {arch})"
+    return arch in dispatch.SUPPORTED_ARCHS, found
+
+
+def run(options: Options) -> int:
+    """The benchmark on a supported GPU, else the compile-only report; the exit status."""
+    ok, found = supported_gpu()
+    if not ok:
+        print(f"No supported GPU found: {found}. flash4 runs on {', '.join(dispatch.SUPPORTED_ARCHS)} (H100/H200).")
+        print(f"Compiling every kernel of the selector table for {COMPILE_ONLY_ARCH} instead.")
+        return compile_only(options)
+    return benchmark(options, found)
+
+
+def benchmark(options: Options, found: str) -> int:
+    timer = make_timer(options.quick)
+    env = environment()
+    print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
+    print(f"timing: {timer.description}; TFLOP/s of the forward pass, {DTYPE}")
+    print(table_header())
+    records = []
+    for shape in options.shapes():
+        record = measure_shape(shape, timer)
+        records.append(record)
+        print(table_row(record), flush=True)
+        torch.cuda.empty_cache()
+    errors = sorted({(n, m.error) for r in records for n, m in r.results.items() if m.error})
+    for name, error in errors:
+        print(f"{name}: {error}")
+    if options.out is not None:
+        payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
+                   "records": [dataclasses.asdict(r) for r in records]}
+        write_json(options.out, payload)
+    return 0
+
+
+def compile_only(options: Options) -> int:
+    """Compile each selected table entry for sm_90a and report what its PTX holds."""
+    try:
+        compiler = importlib.import_module("flash4.compiler")
+    except ImportError as exc:
+        print(f"cannot compile: flash4.compiler does not import ({_error_text(exc)})")
+        return 1
+    entries = [
+        e for e in dispatch.TABLE if e.head_dim in options.head_dims and e.causal in options.causal_modes
+    ]
+    failures = 0
+    reports = []
+    for entry in entries:
+        c = entry.config
+        config = f"{entry.dtype:8} hdim {entry.head_dim:3d} {'causal' if entry.causal else 'full  '} " \
+                 f"tile {c.tile_m}x{c.tile_n} stages {c.kv_stages}"
+        try:
+            report = compiler.compile_entry(entry, arch=COMPILE_ONLY_ARCH)
+        except Exception as exc:  # report every entry, then fail at the end
+            failures += 1
+            print(f"{config}  FAILED {_error_text(exc)}", flush=True)
+            reports.append({"entry": dataclasses.asdict(entry), "error": _error_text(exc)})
+            continue
+        counts = "  ".join(f"{name}={count}" for name, count in report.instructions.items())
+        missing = [n for n in REQUIRED_INSTRUCTIONS if not report.instructions.get(n)]
+        failures += bool(missing)
+        flag = f"  MISSING {', '.join(missing)}" if missing else ""
+        print(f"{config}  {report.seconds:6.1f} s  {counts}{flag}", flush=True)
+        reports.append({"entry": dataclasses.asdict(entry), "seconds": report.seconds,
+                        "instructions": dict(report.instructions), "ptx_path": report.ptx_path})
+    print(f"{len(entries) - failures} of {len(entries)} kernels compiled with every required instruction")
+    if options.out is not None:
+        write_json(options.out, {**environment(), "mode": f"compile-only {COMPILE_ONLY_ARCH}",
+                                 "command": options.command, "compiles": reports})
+    return 1 if failures else 0
+
+
+def default_command() -> str:
+    return shlex.join(getattr(sys, "orig_argv", sys.argv))

@@ -1,0 +1,175 @@
+"""Argument checks for the attention functions, run on the host before any launch.
+
+Every failure is a TypeError or ValueError (never an assert, which ``python -O`` strips)
+whose message names the argument and what is allowed. The checks run in a fixed order, so
+that CPU tests can reach each one: a CPU tensor passes every shape and dtype check and only
+fails the device check at the end.
+
+Whether a head dim or dtype has a compiled kernel on this GPU is the selector's question
+(``flash4.dispatch.select``), not this module's. Large sizes need no check: the kernel
+indexes with 64-bit offsets.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from flash4.reference import default_softmax_scale
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+# wgmma and TMA move 16-byte rows: 8 elements of a 2-byte dtype.
+HEAD_DIM_MULTIPLE = 8
+# The largest head dim whose Q tile and K/V ring fit Hopper's shared memory.
+MAX_HEAD_DIM = 256
+_LAYOUT = "(batch, seqlen, heads, head_dim)"
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """The sizes and options of one attention call, after validation."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    softmax_scale: float
+    causal: bool
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (1: multi-head, heads: multi-query)."""
+        return self.heads // self.kv_heads
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_tensors(q: object, k: object, v: object) -> None:
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D {_LAYOUT}, got shape {tuple(tensor.shape)} ({tensor.dim()}-D)"
+            )
+    allowed = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {_dtype_name(tensor.dtype)}; supported dtypes: {allowed}")
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.dtype != q.dtype:
+            raise TypeError(
+                f"{name} has dtype {_dtype_name(tensor.dtype)} but q has {_dtype_name(q.dtype)}; "
+                "q, k and v must share one dtype"
+            )
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    batch, seqlen_q, heads, head_dim = q.shape
+    _, seqlen_k, kv_heads, kv_head_dim = k.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"k has batch {k.shape[0]} but q has batch {batch}; they must match")
+    if kv_head_dim != head_dim:
+        raise ValueError(
+            f"k and v have head_dim {kv_head_dim} but q has head_dim {head_dim}; they must match"
+        )
+    for name, seqlen in (("seqlen_q (q.shape[1])", seqlen_q), ("seqlen_k (k.shape[1])", seqlen_k)):
+        if seqlen < 1:
+            raise ValueError(f"{name} is {seqlen}; seqlen must be >= 1")
+    for name, size in (("batch (q.shape[0])", batch), ("heads (q.shape[2])", heads),
+                       ("kv_heads (k.shape[2])", kv_heads)):
+        if size < 1:
+            raise ValueError(f"{name} is {size}; it must be >= 1")
+    if heads % kv_heads:
+        raise ValueError(
+            f"heads={heads} (q.shape[2]) is not divisible by kv_heads={kv_heads} (k.shape[2]); "
+            "each kv head must serve the same number of query heads"
+        )
+    if head_dim % HEAD_DIM_MULTIPLE or not HEAD_DIM_MULTIPLE <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"head_dim={head_dim} (q.shape[3]) must be a multiple of {HEAD_DIM_MULTIPLE} "
+            f"in [{HEAD_DIM_MULTIPLE}, {MAX_HEAD_DIM}]"
+        )
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.stride(-1) != 1:
+            raise ValueError(
+                f"{name} has stride {tensor.stride(-1)} in its last dim (head_dim); "
+                f"it must be contiguous there (stride 1): call {name}.contiguous()"
+            )
+
+
+def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
+    if softmax_scale is None:
+        return default_softmax_scale(head_dim)
+    # bool is a numbers.Real too, but True as a scale is surely a mistake.
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(
+            f"softmax_scale must be a positive finite float or None, got {type(softmax_scale).__name__}"
+        )
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"softmax_scale must be a positive finite float or None, got {scale}")
+    return scale
+
+
+def check_devices(devices: Mapping[str, torch.device]) -> None:
+    """All named tensors' devices must be one and the same CUDA device.
+
+    Takes devices rather than tensors so the mixed-GPU path can be tested without GPUs.
+    """
+    for name, device in devices.items():
+        if device.type != "cuda":
+            raise ValueError(f"{name} is on {device}; flash4 needs CUDA tensors")
+    (first_name, first), *rest = devices.items()
+    for name, device in rest:
+        if device != first:
+            raise ValueError(
+                f"{name} is on {device} but {first_name} is on {first}; all tensors must be on one device"
+            )
+
+
+def describe_attention(
+    q: object, k: object, v: object, softmax_scale: object, causal: object
+) -> AttentionProblem:
+    """Every check except the device one: the problem of these tensors, wherever they live.
+
+    For compile-only paths, which build kernels from CPU tensors.
+    """
+    _check_tensors(q, k, v)
+    _check_shapes(q, k, v)
+    batch, seqlen_q, heads, head_dim = q.shape
+    scale = _resolve_softmax_scale(softmax_scale, head_dim)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return AttentionProblem(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=k.shape[1],
+        heads=heads,
+        kv_heads=k.shape[2],
+        head_dim=head_dim,
+        dtype=_dtype_name(q.dtype),
+        softmax_scale=scale,
+        causal=causal,
+    )
+
+
+def check_attention_args(
+    q: object, k: object, v: object, softmax_scale: object, causal: object
+) -> AttentionProblem:
+    """Validate an attention call's arguments; returns the problem or raises naming the argument."""
+    problem = describe_attention(q, k, v, softmax_scale, causal)
+    check_devices({"q": q.device, "k": k.device, "v": v.device})
+    return problem

@@ -1,0 +1,89 @@
+"""``python -m flash4``: ``info`` prints the selector's table, ``bench`` runs the benchmark."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from flash4 import dispatch
+
+_CAUSAL_MODES = {"both": (False, True), "yes": (True,), "no": (False,)}
+
+
+def info(arch: str | None) -> int:
+    """Print the table rows for ``arch``, or for the current GPU's architecture."""
+    if arch is not None:
+        if arch not in dispatch.SUPPORTED_ARCHS:
+            print(f"flash4 has no kernels for {arch}; supported architectures: "
+                  f"{', '.join(dispatch.SUPPORTED_ARCHS)} (Hopper: H100/H200)")
+            return 1
+        print(dispatch.format_table(arch))
+        return 0
+
+    import torch  # only here: the explicit-arch path above stays fast
+
+    if not torch.cuda.is_available():
+        print("No CUDA GPU found; showing the table for every architecture.")
+        print(dispatch.format_table())
+        return 0
+    major, minor = torch.cuda.get_device_capability()
+    current = dispatch.arch_of_capability(major, minor)
+    print(f"GPU: {torch.cuda.get_device_name()} (compute capability {major}.{minor}, {current})")
+    if current not in dispatch.SUPPORTED_ARCHS:
+        print(f"flash4 has no kernels for {current}; showing the table for every architecture.")
+        print(dispatch.format_table())
+        return 0
+    print(dispatch.format_table(current))
+    return 0
+
+
+def bench(args: argparse.Namespace, command: str) -> int:
+    from flash4 import bench as bench_module  # imports torch; keep `info --arch` light
+
+    options = bench_module.Options(
+        head_dims=tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS,
+        seqlens=tuple(args.seqlen) if args.seqlen else None,
+        causal_modes=_CAUSAL_MODES[args.causal],
+        quick=args.quick,
+        out=args.out,
+        command=command,
+    )
+    return bench_module.run(options)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flash4", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    info_parser = commands.add_parser("info", help="print the kernel selector's table")
+    info_parser.add_argument("--arch", help="an architecture such as sm_90a (default: this GPU's)")
+
+    bench_parser = commands.add_parser(
+        "bench", help="time the forward pass against peers (or, without a supported GPU, compile every kernel)"
+    )
+    bench_parser.add_argument("--hdim", type=int, nargs="+", choices=(64, 128, 256), help="head dims (default: all)")
+    bench_parser.add_argument("--seqlen", type=_positive_int, nargs="+",
+                              help="sequence lengths (default: 512 ... 16384); batch = 16384 // seqlen")
+    bench_parser.add_argument("--causal", choices=tuple(_CAUSAL_MODES), default="both")
+    bench_parser.add_argument("--quick", action="store_true",
+                              help="seqlens 1024/4096/16384 (unless --seqlen) and shorter timing")
+    bench_parser.add_argument("--out", type=Path, help="write the results as JSON to this file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        return info(args.arch)
+    from flash4.bench import default_command
+
+    command = default_command() if argv is None else "python -m flash4 " + " ".join(argv)
+    return bench(args, command)

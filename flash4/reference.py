@@ -1,0 +1,185 @@
+"""Attention in plain torch: the exact maths, the kernel's blockwise algorithm, and the
+"torch in the input dtype" baseline that the accuracy rule of DESIGN.md compares against.
+
+Everything here runs on CPU as well as CUDA. Layout is flash4's:
+q (batch, seqlen_q, heads, head_dim); k, v (batch, seqlen_k, kv_heads, head_dim), where
+query head h reads kv head h // (heads // kv_heads). Causal masks are aligned bottom-right:
+query i sees keys j <= i + seqlen_k - seqlen_q. A query row that sees no key gets output 0
+and LSE -inf, never NaN. LSE is in natural log, shaped (batch, heads, seqlen_q).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# exp(x) == exp2(x * log2(e)): the kernel folds log2(e) into the softmax scale so each score
+# costs one multiply-add and one exp2 (the hardware's native exponential).
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+def default_softmax_scale(head_dim: int) -> float:
+    """1/sqrt(head_dim): keeps the scores' variance near 1 for unit-variance q and k."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def _expand_kv_heads(kv: Tensor, heads: int) -> Tensor:
+    """Repeat each kv head for the query heads that share it (GQA/MQA).
+
+    repeat_interleave keeps the copies of one kv head adjacent, so query head h lands on
+    kv head h // group, the mapping flash4 promises.
+    """
+    kv_heads = kv.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"heads={heads} is not divisible by kv_heads={kv_heads}")
+    return kv.repeat_interleave(heads // kv_heads, dim=2)
+
+
+def causal_visible(seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu") -> Tensor:
+    """Bool (seqlen_q, seqlen_k): True where query i may see key j (bottom-right aligned)."""
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    """Unscaled q·kᵀ, shaped (batch, heads, seqlen_q, seqlen_k), in q's dtype."""
+    return torch.einsum("bqhd,bkhd->bhqk", q, _expand_kv_heads(k, q.shape[2]))
+
+
+def _probs_times_v(p: Tensor, v: Tensor) -> Tensor:
+    """p (batch, heads, seqlen_q, seqlen_k) times v, back in flash4's (b, s, h, d) layout."""
+    return torch.einsum("bhqk,bkhd->bqhd", p, _expand_kv_heads(v, p.shape[1]))
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """Exact attention in ``compute_dtype``: returns (out, lse), both in ``compute_dtype``."""
+    scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+    scores = _scores(q, k) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_visible(q.shape[1], k.shape[1], q.device), -math.inf)
+    # logsumexp of an all -inf row is -inf; softmax of it would be NaN, so normalise by
+    # hand and send rows without keys to 0.
+    lse = torch.logsumexp(scores, dim=-1)
+    row_has_key = (lse != -math.inf).unsqueeze(-1)
+    safe_lse = torch.where(row_has_key, lse.unsqueeze(-1), 0.0)
+    probs = torch.where(row_has_key, torch.exp(scores - safe_lse), 0.0)
+    return _probs_times_v(probs, v), lse
+
+
+def blockwise_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_m: int = 128,
+    block_n: int = 128,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """The forward kernel's algorithm, tile by tile: the model the kernel must match.
+
+    Each block of ``block_m`` query rows walks the key blocks of ``block_n`` keys it can see,
+    keeping per row a running max ``m`` of the raw scores, a running sum ``l`` of
+    exponentials and an unnormalised output accumulator. Returns (out, lse) like
+    :func:`attention`.
+    """
+    if block_m < 1 or block_n < 1:
+        raise ValueError(f"block_m={block_m} and block_n={block_n} must be >= 1")
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    scale = default_softmax_scale(head_dim) if softmax_scale is None else softmax_scale
+    # Scores stay unscaled; scale·log2(e) multiplies them inside exp2, as in the kernel.
+    scale_log2 = scale * LOG2_E
+    # Bottom-right alignment: query row i sees keys up to i + diagonal_offset.
+    diagonal_offset = seqlen_k - seqlen_q
+
+    q = q.to(compute_dtype).transpose(1, 2)  # (batch, heads, seqlen_q, head_dim)
+    k = _expand_kv_heads(k.to(compute_dtype), heads).transpose(1, 2)
+    v = _expand_kv_heads(v.to(compute_dtype), heads).transpose(1, 2)
+    out = torch.empty(batch, heads, seqlen_q, head_dim, dtype=compute_dtype, device=q.device)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=compute_dtype, device=q.device)
+
+    for m_start in range(0, seqlen_q, block_m):
+        m_end = min(m_start + block_m, seqlen_q)
+        q_block = q[:, :, m_start:m_end]
+        row_max = torch.full((batch, heads, m_end - m_start), -math.inf, dtype=compute_dtype, device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros(batch, heads, m_end - m_start, head_dim, dtype=compute_dtype, device=q.device)
+
+        # Causal: the block's last row sees keys < m_end + diagonal_offset; key blocks past
+        # that are fully masked and never loaded. The bound may be <= 0 (no key blocks).
+        keys_seen = min(seqlen_k, m_end + diagonal_offset) if causal else seqlen_k
+        for n_start in range(0, max(keys_seen, 0), block_n):
+            n_end = min(n_start + block_n, seqlen_k)
+            scores = q_block @ k[:, :, n_start:n_end].transpose(-1, -2)
+            # Only blocks crossing the diagonal (some key beyond the first row's reach) pay
+            # for the mask; the kernel peels these off so the others run without it. The
+            # sequence tail needs no mask here because slicing stops at seqlen_k.
+            if causal and n_end - 1 > m_start + diagonal_offset:
+                rows = torch.arange(m_start, m_end, device=q.device).unsqueeze(1)
+                cols = torch.arange(n_start, n_end, device=q.device).unsqueeze(0)
+                visible = cols <= rows + diagonal_offset
+                scores = scores.masked_fill(~visible, -math.inf)
+
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            # A row that has seen only masked keys has max -inf; exp2(-inf - -inf) would be
+            # NaN, so such rows subtract 0 instead (their exponentials are all exp2(-inf) = 0).
+            safe_max = torch.where(new_max == -math.inf, 0.0, new_max)
+            # Rescale what was accumulated under the old max to the new one.
+            correction = torch.exp2((row_max - safe_max) * scale_log2)
+            probs = torch.exp2(scores * scale_log2 - (safe_max * scale_log2).unsqueeze(-1))
+            row_sum = row_sum * correction + probs.sum(dim=-1)
+            acc = acc * correction.unsqueeze(-1) + probs @ v[:, :, n_start:n_end]
+            row_max = new_max
+
+        # Epilogue: normalise by 1/l; rows that saw no key have l = 0 and get 0, not 0/0.
+        has_key = row_sum > 0
+        inv_sum = torch.where(has_key, 1.0 / torch.where(has_key, row_sum, 1.0), 0.0)
+        out[:, :, m_start:m_end] = acc * inv_sum.unsqueeze(-1)
+        # lse = ln(sum_j exp(scale·s_j)) = scale·m + ln(l); rows that saw no key get -inf.
+        lse[:, :, m_start:m_end] = torch.where(
+            has_key, row_max * scale + torch.log(row_sum), -math.inf
+        )
+
+    return out.transpose(1, 2), lse
+
+
+def attention_in_dtype(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The same attention done by torch in the inputs' dtype: the baseline of the rule
+    max|out - ref| <= 2·max|out_torch - ref| + 1e-5.
+
+    Returns (out in q.dtype, lse as float32). Written as explicit matmul / softmax / matmul
+    rather than ``scaled_dot_product_attention``: SDPA picks a backend per device (a fused
+    one on CUDA, the math one on CPU), which would make the baseline's error depend on that
+    choice, and its math backend turns rows without keys into NaN. Each step here rounds
+    to the input dtype, as a naive low-precision implementation would. Memory grows as
+    batch·heads·seqlen_q·seqlen_k.
+    """
+    scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    scores = _scores(q, k) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_visible(q.shape[1], k.shape[1], q.device), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    # Softmax of an all -inf row is NaN; those rows have no key and must give 0. (Only
+    # those: a NaN from NaN inputs must still show.)
+    row_has_key = (lse != -math.inf).unsqueeze(-1)
+    probs = torch.where(row_has_key, torch.softmax(scores, dim=-1), 0.0)
+    return _probs_times_v(probs, v), lse.float()

@@ -1,0 +1,40 @@
+"""Views of Hopper wgmma accumulators, shared by every sm_90 kernel.
+
+A warpgroup's fp32 accumulator for a 64 x N tile is, per thread, the layout
+``((2, 2, N/8), M_tiles, N_tiles)``: two adjacent columns, two rows eight apart, and N/8
+column groups. Softmax wants it as (rows, columns); the second GEMM wants P as its
+register A operand, ``((2, 2, 2), M_tiles, (N/16, N_tiles))``: k-slices of 16 columns.
+Both are views of the same registers, so no data moves. The views are built as index
+permutations of a compact layout of the shape and composed with the tensor's own layout,
+so they also work on coordinate tensors (a partitioned identity tensor).
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+
+def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
+    """(rows, cols) view of an accumulator: ``((2, M), (2, N/8, N_tiles))``."""
+    compact = cute.make_layout(acc.layout.shape)
+    (c2, r2, v), m, n = compact.shape
+    (sc, sr, sv), sm, sn = compact.stride
+    view = cute.make_layout(((r2, m), (c2, v, n)), stride=((sr, sm), (sc, sv, sn)))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
+
+
+def acc_as_a_operand(acc: cute.Tensor) -> cute.Tensor:
+    """View of a 16-bit accumulator as the register A operand of the next wgmma.
+
+    wgmma's k-step for 16-bit inputs is 16 columns, i.e. two of the accumulator's
+    8-column groups, so the N/8 groups pair up into N/16 k-slices.
+    """
+    compact = cute.make_layout(acc.layout.shape)
+    (c2, r2, v), m, n = compact.shape
+    (sc, sr, sv), sm, sn = compact.stride
+    if v % 2:
+        raise ValueError(f"accumulator has {v} column groups of 8; the A operand needs pairs")
+    view = cute.make_layout(
+        ((c2, r2, 2), m, (v // 2, n)), stride=((sc, sr, sv), sm, (2 * sv, sn))
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))

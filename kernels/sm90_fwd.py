@@ -1,0 +1,586 @@
+"""Hopper (sm_90a) forward attention: O = softmax(scale * Q K^T + mask) V, and its LSE.
+
+One CTA computes one tile of ``tile_m`` query rows of one head (of one batch entry).
+
+Warp roles
+  warpgroup 0, warp 0   producer: TMA loads of Q (once), then K and V blocks into rings,
+                        from the last key block to the first. Gives registers away.
+  warpgroups 1..W       consumers, 64 query rows each: S = Q K^T (wgmma, both operands in
+                        shared memory), masking, online softmax, O += P V (wgmma, P from
+                        registers), then the epilogue.
+
+Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per warpgroup)
+  Q ring   1 stage           TMA thread -> all consumer warps
+  K ring   kv_stages         TMA thread -> all consumer warps
+  V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
+Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem).
+
+Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
+  S = Q K[n_max-1]; mask; softmax -> P
+  for each further block j:   issue S_j = Q K_j;  issue O += P V[j+1];  wait S_j
+                              mask (if needed); softmax S_j;  wait P V;  rescale O;  P = P_j
+  O += P V[n_min];  O *= 1/l;  O -> smem (reusing Q's buffer) -> TMA store;  LSE -> global
+Issuing the next S GEMM before the softmax of the current block keeps the tensor cores
+busy while the CUDA cores do the exponentials; ping-pong does the same across warpgroups.
+
+Walking the key blocks backwards puts the blocks that need masks (the tail of seqlen_k and
+the causal diagonal) first, so the rest of the loop runs without any mask arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
+from ..pipelines.tile_scheduler import SingleTileScheduler
+from ..pipelines.tma_pipeline import (
+    barrier_words,
+    consumer_state,
+    finish_init,
+    make_tma_ring,
+    producer_state,
+)
+from ..pipelines.warp_roles import THREADS_PER_WARPGROUP, register_budget
+from .configs import Sm90ForwardConfig
+from .mask import mask_scores
+from .mma_layouts import acc_as_a_operand, acc_rows_cols
+from .online_softmax import OnlineSoftmax
+
+# Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
+# pattern repeats every 1024 bytes and must line up with the buffer's start.
+SMEM_ALIGN_BYTES = 1024
+# wgmma computes 64 rows per warpgroup.
+WGMMA_M = 64
+
+
+def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
+    """Swizzled row-major shared-memory layout of a (rows, cols) tile, optionally staged."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+class Sm90ForwardKernel:
+    """The forward kernel for one configuration and one 16-bit dtype."""
+
+    def __init__(self, config: Sm90ForwardConfig, dtype: Type[cutlass.Numeric]):
+        self.config = config
+        self.dtype = dtype
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.head_dim = config.head_dim
+        self.stages = config.kv_stages
+        self.causal = config.causal
+        self.consumer_warpgroups = config.consumer_warpgroups
+        self.consumer_threads = self.consumer_warpgroups * THREADS_PER_WARPGROUP
+        self.budget = register_budget(self.consumer_warpgroups)
+        # Ping-pong needs registers for a second S accumulator in flight; at head dim 256
+        # the O accumulator alone takes 128 registers per thread, so it is left off there.
+        self.pingpong = self.head_dim <= 128
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mLSE: cute.Tensor,  # (batch, heads, seqlen_q), float32
+        softmax_scale_log2: Float32,
+        stream: cuda.CUstream,
+    ):
+        # TMA tiles the first two modes: view the tensors as (seqlen, head_dim, heads, batch).
+        mQ, mK, mV, mO = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+            for t in (mQ, mK, mV, mO)
+        ]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+
+        major_k, major_mn = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        warpgroups_along_m = (self.consumer_warpgroups, 1, 1)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_k, Float32,
+            warpgroups_along_m, (WGMMA_M, self.tile_n),
+        )
+        # V sits in shared memory as (keys, head_dim) with head_dim contiguous: for
+        # O = P V it is the B operand (N = head_dim, K = keys), N-major.
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_mn, Float32,
+            warpgroups_along_m, (WGMMA_M, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+        sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sV_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
+        )
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
+        )
+        # O goes out through Q's buffer, in Q's layout (see the epilogue).
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+
+        @cute.struct
+        class SharedStorage:
+            q_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(1)]
+            k_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)]
+            v_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)]
+            sQ: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES
+            ]
+            sK: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], SMEM_ALIGN_BYTES
+            ]
+            sV: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], SMEM_ALIGN_BYTES
+            ]
+
+        grid = SingleTileScheduler.grid(
+            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
+            cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[3]),
+        )
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            softmax_scale_log2,
+            sQ_layout, sK_layout, sV_layout,
+            tiled_mma_qk, tiled_mma_pv,
+            SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.budget.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_O: cute.CopyAtom,
+        softmax_scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        q_ring = make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, self.consumer_threads)
+        k_ring = make_tma_ring(
+            storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+        )
+        v_ring = make_tma_ring(
+            storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+        )
+        finish_init()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        m_block, head, batch = SingleTileScheduler(self.causal).tile()
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        n_block_max = self.last_key_block(m_block, seqlen_q, seqlen_k)
+
+        if warp_idx < THREADS_PER_WARPGROUP // 32:
+            cute.arch.setmaxregister_decrease(self.budget.producer)
+            if warp_idx == 0:
+                self.load(
+                    mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                    q_ring, k_ring, v_ring, m_block, head, batch, n_block_max,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.budget.consumer)
+            tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+            self.consume(
+                tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, mO, mLSE, tma_atom_O,
+                q_ring, k_ring, v_ring, softmax_scale_log2, tidx,
+                m_block, head, batch, seqlen_q, seqlen_k, n_block_max,
+            )
+
+    @cute.jit
+    def last_key_block(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+        """One past the last key block any row of this query tile can see (may be <= 0)."""
+        n_max = cute.ceil_div(seqlen_k, self.tile_n)
+        if cutlass.const_expr(self.causal):
+            # The tile's last row sees keys up to row + seqlen_k - seqlen_q.
+            last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
+            if last_key < 0:
+                n_max = 0
+            else:
+                n_max = cutlass.min(n_max, last_key // self.tile_n + 1)
+        return n_max
+
+    @cute.jit
+    def first_unmasked_block_end(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+        """Key blocks below this index are fully visible to every row of the tile."""
+        end = seqlen_k // self.tile_n
+        if cutlass.const_expr(self.causal):
+            # The tile's first row is the most restricted: it sees keys <= first_key_limit.
+            first_key_limit = m_block * self.tile_m + seqlen_k - seqlen_q
+            if first_key_limit < 0:
+                end = 0
+            else:
+                end = cutlass.min(end, (first_key_limit + 1) // self.tile_n)
+        return end
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def load(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        q_ring,
+        k_ring,
+        v_ring,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_block_max: Int32,
+    ):
+        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0))
+        no_cluster = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+
+        if n_block_max > 0:
+            state = producer_state(self.stages)
+            # K of the first block goes out before Q: both are needed for the first GEMM,
+            # and K's ring is the one the loop keeps waiting on.
+            n_block = n_block_max - 1
+            k_ring.producer_acquire(state)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
+                      tma_bar_ptr=k_ring.producer_get_barrier(state))
+            q_state = producer_state(1)
+            q_ring.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=q_ring.producer_get_barrier(q_state))
+            # Steady state: K of the next block runs one block ahead of V, in the order the
+            # consumers use them (S_j is issued before P V_{j+1}).
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                v_state = state.clone()
+                state.advance()
+                k_ring.producer_acquire(state)
+                cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
+                          tma_bar_ptr=k_ring.producer_get_barrier(state))
+                v_ring.producer_acquire(v_state)
+                cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, v_state.index],
+                          tma_bar_ptr=v_ring.producer_get_barrier(v_state))
+                n_block -= 1
+            v_ring.producer_acquire(state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
+                      tma_bar_ptr=v_ring.producer_get_barrier(state))
+
+    # ------------------------------------------------------------------ consumers
+    @cute.jit
+    def consume(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        q_ring,
+        k_ring,
+        v_ring,
+        softmax_scale_log2: Float32,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        n_block_max: Int32,
+    ):
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        # Each warpgroup's MMA slice: its 64 rows of Q and of S, O.
+        wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_threads(warpgroup_idx))
+
+        # V^T view (head_dim, keys, stage) of the V ring, the B operand of O = P V.
+        sVt = cute.composition(
+            sV,
+            cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)),
+        )
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_o = cute.make_rmem_tensor(
+            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
+        )
+        # O starts at zero so every P V GEMM accumulates; one fill per tile is cheaper than
+        # tracking which GEMM is the first.
+        acc_o.fill(0.0)
+        # P in the input dtype, as the register A operand of O += P V. One buffer suffices:
+        # it is rewritten only after the GEMM that read it has completed.
+        p = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        # Tile-local (row, col) of each S element this thread holds, for masks and LSE rows.
+        coords = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        rows = cute.size(acc_rows_cols(coords), mode=[0])
+        lse = cute.make_rmem_tensor(rows, Float32)
+        # No key visible to any row of the tile (causal, seqlen_q > seqlen_k): O stays 0.
+        lse.fill(-Float32.inf)
+        if n_block_max > 0:
+            self.mainloop(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, lse, coords,
+                q_ring, k_ring, v_ring, softmax_scale_log2, warpgroup_idx,
+                m_block, seqlen_q, seqlen_k, n_block_max,
+            )
+        self.epilogue(acc_o, lse, coords, sQ, mO, mLSE, tma_atom_O, tiled_mma_pv, tidx,
+                      m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def mainloop(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_o: cute.Tensor,
+        p: cute.Tensor,
+        lse: cute.Tensor,
+        coords: cute.Tensor,
+        q_ring,
+        k_ring,
+        v_ring,
+        softmax_scale_log2: Float32,
+        warpgroup_idx: Int32,
+        m_block: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        n_block_max: Int32,
+    ):
+        """All key blocks of the tile; leaves O normalised in ``acc_o`` and LSE in ``lse``."""
+        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
+        pingpong = WarpgroupPingPong(warpgroup_idx, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
+        s_shape = tiled_mma_qk.get_slice(0).partition_shape_C((self.tile_m, self.tile_n))
+        row0 = m_block * self.tile_m
+        if cutlass.const_expr(self.pingpong):
+            pingpong.start()
+        q_ring.consumer_wait(consumer_state(1))
+        state = consumer_state(self.stages)
+
+        # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
+        n_block = n_block_max - 1
+        k_ring.consumer_wait(state)
+        acc_s = cute.make_rmem_tensor(s_shape, Float32)
+        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        warpgroup.wait_group(0)
+        k_ring.consumer_release(state)
+        mask_scores(acc_s, coords, row0, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        softmax.update(acc_s, is_first=True)
+        self.store_p(acc_s, p)
+
+        # Blocks that cross the diagonal keep the causal mask; the rest run without.
+        unmasked_end = self.first_unmasked_block_end(m_block, seqlen_q, seqlen_k)
+        masked_count = cutlass.max(n_block - unmasked_end, 0)
+        for i in cutlass.range(masked_count, unroll=1):
+            n_block -= 1
+            state = self.step(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, s_shape, softmax,
+                k_ring, v_ring, state, pingpong, True,
+                coords, row0, n_block, seqlen_q, seqlen_k,
+            )
+        for i in cutlass.range(n_block, unroll=1):
+            n_block -= 1
+            state = self.step(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, s_shape, softmax,
+                k_ring, v_ring, state, pingpong, False,
+                coords, row0, n_block, seqlen_q, seqlen_k,
+            )
+
+        # The last block's P V.
+        v_ring.consumer_wait(state)
+        self.gemm(tiled_mma_pv, acc_o, p, tOrVt[None, None, None, state.index], False)
+        warpgroup.wait_group(0)
+        v_ring.consumer_release(state)
+        q_ring.consumer_release(consumer_state(1))
+        inv_sum = softmax.finalize(lse)
+        softmax.rescale(acc_o, inv_sum)
+
+    @cute.jit
+    def step(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrVt: cute.Tensor,
+        acc_o: cute.Tensor,
+        p: cute.Tensor,
+        s_shape: cutlass.Constexpr,
+        softmax: OnlineSoftmax,
+        k_ring,
+        v_ring,
+        state,
+        pingpong: WarpgroupPingPong,
+        masked: cutlass.Constexpr[bool],
+        coords: cute.Tensor,
+        row0: Int32,
+        n_block: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+    ):
+        """One key block: S for block ``n_block`` overlapped with P V of the block before."""
+        v_state = state.clone()
+        state.advance()
+        k_ring.consumer_wait(state)
+        if cutlass.const_expr(self.pingpong):
+            pingpong.wait_turn()
+        acc_s = cute.make_rmem_tensor(s_shape, Float32)
+        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        v_ring.consumer_wait(v_state)
+        self.gemm(tiled_mma_pv, acc_o, p, tOrVt[None, None, None, v_state.index], False)
+        if cutlass.const_expr(self.pingpong):
+            pingpong.pass_turn()
+        # Wait for S only; P V may still run while the softmax below does.
+        warpgroup.wait_group(1)
+        k_ring.consumer_release(state)
+        if cutlass.const_expr(masked):
+            mask_scores(acc_s, coords, row0, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        row_scale = softmax.update(acc_s, is_first=False)
+        warpgroup.wait_group(0)
+        v_ring.consumer_release(v_state)
+        softmax.rescale(acc_o, row_scale)
+        self.store_p(acc_s, p)
+        return state
+
+    @cute.jit
+    def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
+        """Convert the probabilities to the input dtype into P's A-operand registers."""
+        p.store(acc_as_a_operand(acc_s).load().to(self.dtype))
+
+    @cute.jit
+    def gemm(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        zero_init: cutlass.Constexpr[bool],
+    ) -> None:
+        """Issue one warpgroup GEMM over all k-slices and commit it as one group."""
+        warpgroup.fence()
+        # A fresh atom per GEMM: its accumulate flag is changed below, and a flag set on an
+        # atom shared by several GEMMs would leak from one into the next.
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(a.shape[2])):
+            cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def epilogue(
+        self,
+        acc_o: cute.Tensor,
+        lse: cute.Tensor,
+        coords: cute.Tensor,
+        sQ: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_atom_O: cute.CopyAtom,
+        tiled_mma_pv: cute.TiledMma,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+    ):
+        # O is written into Q's buffer in Q's layout: each warpgroup overwrites only the 64
+        # rows of Q that it alone read, after its last GEMM on them has completed.
+        sO = sQ
+        o = cute.make_rmem_tensor_like(acc_o, self.dtype)
+        o.store(acc_o.load().to(self.dtype))
+        # stmatrix: each warp writes 8x8 tiles of 16-bit values straight from mma fragments.
+        store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
+        thr_store = cute.make_tiled_copy_C(store_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO))
+
+        # LSE straight from registers: the first thread of each quad owns its rows.
+        lse_rows = mLSE[None, head, batch]
+        c = acc_rows_cols(coords)
+        if tidx % 4 == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + c[r, 0][0]
+                if row < seqlen_q:
+                    lse_rows[row] = lse[r]
+
+        # The TMA engine reads sO through the async proxy: make the generic-proxy writes
+        # above visible to it, then wait for every consumer thread's part.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+        if tidx == 0:
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(
+                tma_atom_O, 0, cute.make_layout(1),
+                cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2),
+            )
+            # Rows past seqlen_q are clipped by the TMA engine.
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)

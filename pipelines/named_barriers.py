@@ -1,0 +1,66 @@
+"""Named hardware barriers (``bar.sync`` / ``bar.arrive``) used by flash4's kernels.
+
+Barrier 0 is what ``__syncthreads`` uses, so flash4's own ids start at 1. A barrier id is a
+per-CTA resource (16 on sm_90): kernels take theirs from this one enum, never a bare literal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import cutlass
+import cutlass.cute as cute
+
+
+class NamedBarrier(enum.IntEnum):
+    # The consumer warpgroups' shared epilogue: every thread's O is in shared memory
+    # before the one thread that issues the TMA store reads it.
+    EPILOGUE = 1
+    # Turn-taking of the consumer warpgroups (ping-pong): warpgroup i waits on
+    # WARPGROUP_TURN_0 + i before it issues its GEMMs.
+    WARPGROUP_TURN_0 = 2
+
+
+class WarpgroupPingPong:
+    """Orders the GEMM issue of the consumer warpgroups round-robin.
+
+    While one warpgroup issues its tensor-core work, the others run softmax on the CUDA
+    cores; the tensor cores then stay busy with one warpgroup's GEMMs at a time instead of
+    every warpgroup fighting for them and then all idling in softmax together.
+
+    Protocol, with ``n`` warpgroups and barrier ``T_i = WARPGROUP_TURN_0 + i`` counting
+    ``2 * 128`` threads: warpgroup ``i`` calls ``wait_turn`` (sync on ``T_i``) before
+    issuing and ``pass_turn`` (arrive on ``T_{i+1 mod n}``) right after. ``start`` makes
+    warpgroup 0 arrive on its own barrier once, so it is the first to go.
+    """
+
+    def __init__(self, warpgroup: cutlass.Int32, num_warpgroups: int, threads_per_warpgroup: int):
+        if num_warpgroups not in (2, 3):
+            raise ValueError(f"ping-pong needs 2 or 3 consumer warpgroups, got {num_warpgroups}")
+        self.warpgroup = warpgroup
+        self.num_warpgroups = num_warpgroups
+        # A turn barrier is passed by the waiting warpgroup plus the one handing over.
+        self.threads = 2 * threads_per_warpgroup
+
+    @cute.jit
+    def start(self) -> None:
+        if self.warpgroup == 0:
+            cute.arch.barrier_arrive(
+                barrier_id=int(NamedBarrier.WARPGROUP_TURN_0), number_of_threads=self.threads
+            )
+
+    def wait_turn(self) -> None:
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrier.WARPGROUP_TURN_0) + self.warpgroup,
+            number_of_threads=self.threads,
+        )
+
+    def pass_turn(self) -> None:
+        nxt = self.warpgroup + 1
+        if cutlass.const_expr(self.num_warpgroups == 2):
+            nxt = 1 - self.warpgroup
+        else:
+            nxt = nxt % self.num_warpgroups
+        cute.arch.barrier_arrive(
+            barrier_id=int(NamedBarrier.WARPGROUP_TURN_0) + nxt, number_of_threads=self.threads
+        )

@@ -1,0 +1,69 @@
+"""Shared-memory rings filled by TMA and drained by consumer warps, guarded by mbarriers.
+
+Each stage of a ring has a *full* barrier (the producer thread arrives once and sets the
+byte count it expects; the TMA engine completes it as the bytes land) and an *empty*
+barrier (one lane of each consumer warp arrives when the warp is done reading).
+
+    state           producer                         consumer
+    -----           --------                         --------
+    acquire(s)      wait empty[s] (phase), expect tx  -
+    TMA copy        cp.async.bulk.tensor -> full[s]   -
+    wait(s)         -                                 wait full[s] (phase)
+    release(s)      -                                 arrive empty[s]  (1 per warp)
+    advance         index+1, phase flips on wrap      index+1, phase flips on wrap
+
+The mbarrier mechanics are CUTLASS's ``PipelineTmaAsync``; this module fixes how flash4
+counts arrivals, checked at trace time so a wrong count fails compilation, not the GPU.
+"""
+
+from __future__ import annotations
+
+
+import cutlass.cute as cute
+import cutlass.pipeline as cpipe
+
+from .warp_roles import THREADS_PER_WARP
+
+
+def make_tma_ring(
+    barriers: cute.Pointer, stages: int, tx_bytes: int, consumer_threads: int
+) -> cpipe.PipelineTmaAsync:
+    """A ring of ``stages`` buffers loaded by one TMA thread, read by ``consumer_threads``.
+
+    PipelineTmaAsync lets only lane 0 of each consumer warp arrive on *empty*, so the
+    arrive count is the number of consumer warps.
+    """
+    if consumer_threads % THREADS_PER_WARP:
+        raise ValueError(f"consumer_threads={consumer_threads} is not a whole number of warps")
+    if stages < 1:
+        raise ValueError(f"stages={stages}: a ring needs at least one stage")
+    consumer_warps = consumer_threads // THREADS_PER_WARP
+    return cpipe.PipelineTmaAsync.create(
+        barrier_storage=barriers,
+        num_stages=stages,
+        producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
+        consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumer_warps),
+        tx_count=tx_bytes,
+        # The kernel fences and syncs once after initialising every ring.
+        defer_sync=True,
+    )
+
+
+def producer_state(stages: int) -> cpipe.PipelineState:
+    """Producer's first state: phase 1, so the first pass does not wait on *empty*."""
+    return cpipe.make_pipeline_state(cpipe.PipelineUserType.Producer, stages)
+
+
+def consumer_state(stages: int) -> cpipe.PipelineState:
+    return cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, stages)
+
+
+def barrier_words(stages: int) -> int:
+    """mbarrier words a ring needs in shared memory: one full and one empty per stage."""
+    return 2 * stages
+
+
+def finish_init() -> None:
+    """Make the barriers' initialisation visible to every thread and the TMA engine."""
+    cute.arch.mbarrier_init_fence()
+    cute.arch.sync_threads()

@@ -1,0 +1,170 @@
+"""CPU tests of ``python -m flash4 info`` and ``bench``: table output, the FLOP model and shape
+list of the performance protocol, the per-shape record, and the compile-only fallback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flash4 import bench, cli, dispatch
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the no-GPU paths run even on the GPU machine."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines() if line.startswith("sm_")]
+
+
+def test_info_lists_sm90a_rows_and_head_dims(no_gpu: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA GPU found" in out
+    rows = _table_rows(out)
+    assert len(rows) == len(dispatch.TABLE)
+    assert {row[0] for row in rows} == {"sm_90a"}
+    assert {int(row[2]) for row in rows} == {64, 128, 256}
+
+
+def test_info_named_arch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["info", "--arch", "sm_90a"]) == 0
+    rows = _table_rows(capsys.readouterr().out)
+    assert len(rows) == sum(entry.arch == "sm_90a" for entry in dispatch.TABLE)
+
+
+def test_info_unsupported_arch_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["info", "--arch", "sm_80"]) == 1
+    out = capsys.readouterr().out
+    assert "sm_80" in out and "sm_90a" in out
+    assert not _table_rows(out)
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run([sys.executable, "-m", "flash4", "info", "--arch", "sm_90a"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(_table_rows(done.stdout)) == len(dispatch.TABLE)
+
+
+def test_flop_model() -> None:
+    assert bench.attention_flops(1, 1, 1, 1, 1, causal=False) == 4
+    assert bench.attention_flops(2, 16, 512, 1024, 128, causal=False) == 4 * 2 * 16 * 512 * 1024 * 128
+    assert bench.attention_flops(2, 16, 512, 512, 128, causal=True) == 2 * 2 * 16 * 512 * 512 * 128
+
+
+def test_protocol_shapes() -> None:
+    shapes = bench.protocol_shapes()
+    assert len(shapes) == 3 * 6 * 2
+    for shape in shapes:
+        assert shape.batch * shape.seqlen == 16384
+        assert shape.heads * shape.head_dim == 2048
+    assert bench.Shape(batch=32, seqlen=512, heads=16, head_dim=128, causal=False) in shapes
+    assert bench.Shape(batch=1, seqlen=16384, heads=8, head_dim=256, causal=True) in shapes
+    (one,) = bench.protocol_shapes((128,), (512,), (False,))
+    assert one.flops == 4 * 32 * 16 * 512 * 512 * 128
+
+
+def test_bench_options_restrict_the_sweep() -> None:
+    args = cli.build_parser().parse_args(["bench", "--hdim", "64", "--seqlen", "2048", "--causal", "yes"])
+    assert (args.hdim, args.seqlen, args.causal) == ([64], [2048], "yes")
+    quick = bench.Options(quick=True).shapes()
+    assert {shape.seqlen for shape in quick} == set(bench.QUICK_SEQLENS)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--hdim", "96"])
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--seqlen", "0"])
+
+
+def _sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    return (lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale),
+            lambda out: out.transpose(1, 2))
+
+
+def _failing(*args: object) -> bench.Prepared:
+    raise ImportError("No module named 'flash_attn'")
+
+
+def test_measure_shape_records_ratio_diff_and_errors() -> None:
+    """Fake providers on CPU: a fixed time each, one that cannot import, one off by 0.5."""
+    times = {"flash4": 2.0, "sdpa-cudnn": 4.0, "sdpa-flash": 3.0}
+
+    def shifted(*args: object) -> bench.Prepared:
+        run, to_bshd = _sdpa_math(*args)  # type: ignore[arg-type]
+        return run, lambda out: to_bshd(out) + 0.5
+
+    providers = {"flash4": shifted, "sdpa-cudnn": _sdpa_math, "sdpa-flash": _sdpa_math, "fa4": _failing}
+    calls = iter(times.values())
+    timer = bench.Timer("fake", lambda fn: next(calls))
+    shape = bench.Shape(batch=2, seqlen=64, heads=2, head_dim=32, causal=True)
+    record = bench.measure_shape(shape, timer, providers=providers, device="cpu")
+
+    assert record.results["flash4"].tflops == pytest.approx(shape.flops / 2e-3 / 1e12)
+    assert record.results["fa4"].error == "ImportError: No module named 'flash_attn'"
+    assert record.best_peer == "sdpa-flash"
+    assert record.ratio_vs_best_peer == pytest.approx(3.0 / 2.0)
+    assert record.diff_against == "sdpa-cudnn"
+    assert record.max_abs_diff == pytest.approx(0.5, abs=1e-2)
+    row = bench.table_row(record)
+    assert "1.500" in row and "error" in row
+
+
+@dataclass(frozen=True)
+class _FakeReport:
+    seconds: float
+    instructions: dict[str, int]
+    ptx_path: str | None
+
+
+def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
+    """Install a fake flash4.compiler; entry number i lacks instruction missing[i]."""
+    calls: list[tuple[object, str]] = []
+
+    def compile_entry(entry: dispatch.KernelEntry, arch: str = "sm_90a") -> _FakeReport:
+        calls.append((entry, arch))
+        counts = {name: 7 for name in bench.REQUIRED_INSTRUCTIONS}
+        if missing and len(calls) - 1 in missing:
+            counts[missing[len(calls) - 1]] = 0
+        return _FakeReport(seconds=1.5, instructions=counts, ptx_path=None)
+
+    module = types.ModuleType("flash4.compiler")
+    module.compile_entry = compile_entry  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash4.compiler", module)
+    return calls
+
+
+def test_bench_without_gpu_compiles_every_table_entry(
+    no_gpu: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    calls = _fake_compiler(monkeypatch)
+    out_file = tmp_path / "compile.json"
+    assert cli.main(["bench", "--out", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "No supported GPU found" in out and "no CUDA device" in out
+    assert [entry for entry, _ in calls] == list(dispatch.TABLE)
+    assert {arch for _, arch in calls} == {"sm_90a"}
+    lines = [line for line in out.splitlines() if "1.5 s" in line]
+    assert len(lines) == len(dispatch.TABLE)
+    assert all("wgmma.mma_async=7" in line and "MISSING" not in line for line in lines)
+    payload = json.loads(out_file.read_text())
+    assert len(payload["compiles"]) == len(dispatch.TABLE)
+
+
+def test_bench_without_gpu_flags_missing_instruction_and_filters(
+    no_gpu: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _fake_compiler(monkeypatch, missing={0: "setmaxnreg"})
+    assert cli.main(["bench", "--hdim", "128", "--causal", "no"]) == 1
+    out = capsys.readouterr().out
+    assert all(entry.head_dim == 128 and not entry.causal for entry, _ in calls)
+    assert len(calls) == sum(e.head_dim == 128 and not e.causal for e in dispatch.TABLE)
+    assert "MISSING setmaxnreg" in out
