@@ -395,7 +395,7 @@ def compile_only(options: Options) -> int:
         flag = f"  MISSING {', '.join(missing)}" if missing else ""
         print(f"{config}  {report.seconds:6.1f} s  {counts}{flag}", flush=True)
         reports.append({"entry": dataclasses.asdict(entry), "seconds": report.seconds,
-                        "instructions": dict(report.instructions), "ptx_path": report.ptx_path})
+                        "instructions": dict(report.instructions)})
     print(f"{len(entries) - failures} of {len(entries)} kernels compiled with every required instruction")
     if options.out is not None:
         write_json(options.out, {**environment(), "mode": f"compile-only {COMPILE_ONLY_ARCH}",

@@ -24,6 +24,9 @@ from flash4.reference import default_softmax_scale
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 # wgmma and TMA move 16-byte rows: 8 elements of a 2-byte dtype.
 HEAD_DIM_MULTIPLE = 8
+# The TMA engine moves 16-byte units: strides and start addresses must be 16-byte multiples.
+TMA_ALIGN_BYTES = 16
+TMA_ALIGN_ELEMENTS = TMA_ALIGN_BYTES // 2  # of a 2-byte dtype
 # The largest head dim whose Q tile and K/V ring fit Hopper's shared memory.
 MAX_HEAD_DIM = 256
 _LAYOUT = "(batch, seqlen, heads, head_dim)"
@@ -107,6 +110,14 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(
                 f"{name} has stride {tensor.stride(-1)} in its last dim (head_dim); "
                 f"it must be contiguous there (stride 1): call {name}.contiguous()"
+            )
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        rows = [s for s, n in zip(tensor.stride()[:-1], tensor.shape[:-1]) if n > 1]
+        if any(s % TMA_ALIGN_ELEMENTS for s in rows) or tensor.data_ptr() % TMA_ALIGN_BYTES:
+            raise ValueError(
+                f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
+                f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "
+                f"elements and a {TMA_ALIGN_BYTES}-byte aligned start: call {name}.contiguous()"
             )
 
 

@@ -203,7 +203,7 @@ class Sm90ForwardKernel:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         q_ring = make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, self.consumer_threads)
         k_ring = make_tma_ring(
             storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads

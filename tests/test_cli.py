@@ -122,7 +122,7 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
 class _FakeReport:
     seconds: float
     instructions: dict[str, int]
-    ptx_path: str | None
+    ptx: str
 
 
 def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
@@ -134,7 +134,7 @@ def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | No
         counts = {name: 7 for name in bench.REQUIRED_INSTRUCTIONS}
         if missing and len(calls) - 1 in missing:
             counts[missing[len(calls) - 1]] = 0
-        return _FakeReport(seconds=1.5, instructions=counts, ptx_path=None)
+        return _FakeReport(seconds=1.5, instructions=counts, ptx="")
 
     module = types.ModuleType("flash4.compiler")
     module.compile_entry = compile_entry  # type: ignore[attr-defined]

@@ -1,0 +1,102 @@
+"""Compiling flash4's kernels: the compile cache and the compile-only report.
+
+Kernels are compiled once per selector row (``KernelEntry``, a frozen dataclass, is the
+cache key) against *fake* tensors: sizes are symbolic, so one compiled kernel serves every
+batch, sequence length and head count; only the head dim is fixed. Strides are 64-bit
+symbols, so offsets stay exact for tensors past 2^31 elements. Compiling with TVM FFI lets
+the compiled function take torch tensors directly and launch on torch's current stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flash4.dispatch import KernelEntry
+
+# Instructions the Hopper forward kernel's design depends on; the compile-only report and
+# the CPU tests look for each in the PTX.
+KEY_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier")
+# TMA moves 16-byte units: every stride but the innermost must be a multiple of 16 bytes,
+# i.e. 8 elements of a 2-byte dtype, and the base address 16-byte aligned.
+TMA_ALIGN_BYTES = 16
+# The Float32 LSE is written element by element: 4-byte alignment is all it needs.
+LSE_ALIGN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What compiling one selector row produced."""
+
+    seconds: float
+    instructions: dict[str, int]
+    ptx: str
+
+
+def _cutlass_dtype(name: str) -> Any:
+    import cutlass
+
+    return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
+
+
+def _fake_tensor(dtype: Any, shape: tuple, align: int) -> Any:
+    """A fake tensor with 64-bit symbolic strides and a unit innermost stride."""
+    import cutlass.cute as cute
+
+    elems_per_align = max(align * 8 // dtype.width, 1)
+    stride = tuple(
+        1 if i == len(shape) - 1 else cute.sym_int64(divisibility=elems_per_align)
+        for i in range(len(shape))
+    )
+    return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+
+def _forward_arguments(entry: KernelEntry) -> tuple:
+    import cutlass
+    import cutlass.cute as cute
+
+    dtype = _cutlass_dtype(entry.dtype)
+    batch, seqlen_q, seqlen_k, heads, kv_heads = (cute.sym_int() for _ in range(5))
+    d = entry.head_dim
+    q = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
+    k = _fake_tensor(dtype, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
+    v = _fake_tensor(dtype, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
+    o = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
+    lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return q, k, v, o, lse, cutlass.Float32(1.0), stream
+
+
+def _kernel(entry: KernelEntry) -> Any:
+    if entry.kernel != "kernels.sm90_fwd.Sm90ForwardKernel":
+        raise ValueError(f"no builder for kernel {entry.kernel}")
+    from flash4.kernels.sm90_fwd import Sm90ForwardKernel
+
+    return Sm90ForwardKernel(entry.config, _cutlass_dtype(entry.dtype))
+
+
+def _compile(entry: KernelEntry, *options: str) -> Any:
+    import cutlass.cute as cute
+
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(_kernel(entry), *_forward_arguments(entry), options=flags)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_forward(entry: KernelEntry) -> Callable[..., Any]:
+    """The compiled kernel for one selector row, for the GPU this process runs on.
+
+    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2)`` with torch tensors.
+    """
+    return _compile(entry)
+
+
+def compile_entry(entry: KernelEntry, arch: str = "sm_90a") -> CompileReport:
+    """Compile one selector row for ``arch`` (no GPU needed) and count key PTX instructions."""
+    start = time.perf_counter()
+    compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx")
+    seconds = time.perf_counter() - start
+    ptx = compiled.__ptx__ or ""
+    return CompileReport(seconds, {name: ptx.count(name) for name in KEY_INSTRUCTIONS}, ptx)

@@ -1,0 +1,84 @@
+"""The user-facing attention functions: check, select, launch."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from flash4.checks import AttentionProblem, check_attention_args
+from flash4.compiler import compiled_forward
+from flash4.dispatch import arch_of_capability, select
+
+# exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
+LOG2_E = math.log2(math.e)
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch(index: int) -> str:
+    """The architecture flash4 builds for on CUDA device ``index``."""
+    return arch_of_capability(*torch.cuda.get_device_capability(index))
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention ``softmax(softmax_scale * q k^T + mask) v``.
+
+    q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, kv_heads, head_dim) with
+    kv_heads dividing heads (GQA/MQA). bf16 or fp16 CUDA tensors, last dim contiguous.
+    ``softmax_scale`` defaults to 1/sqrt(head_dim). ``causal`` masks key j for query i when
+    j > i + seqlen_k - seqlen_q (bottom-right aligned); a row that sees no key gives 0.
+
+    Returns out, shaped and typed like q, and with ``return_lse`` also the float32
+    log-sum-exp of each row's scaled scores, (batch, heads, seqlen_q), natural log
+    (-inf for a row that sees no key).
+    """
+    problem = check_attention_args(q, k, v, softmax_scale, causal)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    _launch(q, k, v, out, lse, problem)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_forward_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> None:
+    """``flash_attn_func`` writing into preallocated ``out`` (like q, contiguous) and ``lse``
+    (float32, contiguous (batch, heads, seqlen_q)): for CUDA graphs and buffer reuse."""
+    problem = check_attention_args(q, k, v, softmax_scale, causal)
+    for name, tensor, shape, dtype in (
+        ("out", out, tuple(q.shape), q.dtype),
+        ("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32),
+    ):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous {dtype} tensor of shape {shape}, got "
+                f"{tensor.dtype} {tuple(tensor.shape)} with strides {tuple(tensor.stride())}"
+            )
+        if tensor.device != q.device:
+            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
+    _launch(q, k, v, out, lse, problem)
+
+
+def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
+    entry = select(device_arch(q.device.index), problem.dtype, problem.head_dim, problem.causal)
+    kernel = compiled_forward(entry)
+    with torch.cuda.device(q.device):
+        kernel(q, k, v, out, lse, problem.softmax_scale * LOG2_E)

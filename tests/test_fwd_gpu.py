@@ -1,0 +1,175 @@
+"""The Hopper forward kernel against the float32 reference, on the GPU.
+
+Rule (DESIGN.md), per output: max|out - ref| <= 2 * max|out_torch - ref| + 1e-5, where
+out_torch is the same attention done by torch in the input dtype. Outputs are poisoned with
+NaN before every launch, inputs are fresh random draws, sizes are ragged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flash4
+from flash4 import reference
+
+pytestmark = pytest.mark.gpu
+
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+# (seqlen_q, seqlen_k): ragged sizes, equal and unequal, both orders.
+SEQLENS = (
+    (1, 1), (17, 17), (128, 128), (1000, 1000), (4096, 4096),
+    (1, 1000), (17, 1000), (1000, 17), (128, 4096), (4096, 128),
+)
+# (heads, kv_heads): multi-head, GQA 4:1, MQA.
+HEADS = ((4, 4), (8, 2), (4, 1))
+ABS_SLACK = 1e-5
+
+
+def _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    return q, k, v
+
+
+def _run_poisoned(q, k, v, causal, softmax_scale=None):
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), math.nan, device=q.device)
+    flash4.flash_attn_forward_into(q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def _max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (x.double() - ref.double()).abs().max().item()
+
+
+def _check_lse(lse, lse_ref, lse_torch):
+    empty = lse_ref == -math.inf
+    assert torch.equal(lse == -math.inf, empty), "rows without keys must have LSE = -inf, only those"
+    if (~empty).any():
+        err = _max_err(lse[~empty], lse_ref[~empty])
+        bound = 2 * _max_err(lse_torch[~empty], lse_ref[~empty]) + ABS_SLACK
+        assert err <= bound, f"LSE error {err:.3g} > bound {bound:.3g}"
+
+
+def _check(q, k, v, causal, softmax_scale=None):
+    out, lse = _run_poisoned(q, k, v, causal, softmax_scale)
+    assert not out.isnan().any(), "NaN in out: some output was never written"
+    assert not lse.isnan().any(), "NaN in LSE: some row was never written"
+    out_ref, lse_ref = reference.attention(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    out_torch, lse_torch = reference.attention_in_dtype(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    err = _max_err(out, out_ref)
+    bound = 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+    assert err <= bound, f"out error {err:.3g} > bound {bound:.3g}"
+    _check_lse(lse, lse_ref, lse_torch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+@pytest.mark.parametrize("heads,kv_heads", HEADS)
+def test_forward_matches_reference(dtype, head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    seed = hash((head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads, str(dtype))) % 2**31
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, seed)
+    _check(q, k, v, causal)
+
+
+def test_public_function_returns_out_and_lse():
+    q, k, v = _inputs(2, 300, 500, 4, 2, 128, torch.bfloat16, 1)
+    out = flash4.flash_attn_func(q, k, v, causal=True)
+    out2, lse = flash4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 4, 300) and lse.dtype == torch.float32
+    assert torch.equal(out, out2), "the kernel must be deterministic"
+    out_ref, _ = reference.attention(q, k, v, causal=True)
+    out_torch, _ = reference.attention_in_dtype(q, k, v, causal=True)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+
+
+def test_softmax_scale_is_honoured():
+    q, k, v = _inputs(1, 200, 300, 2, 2, 64, torch.float16, 2)
+    _check(q, k, v, causal=False, softmax_scale=0.37)
+
+
+def test_strided_views_of_packed_qkv():
+    # A (batch, seqlen, 3, heads, head_dim) projection output, sliced without copying.
+    qkv = torch.randn(2, 333, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(dim=2)
+    assert not q.is_contiguous()
+    _check(q, k, v, causal=True)
+
+
+def test_rows_without_keys_give_zero_and_minus_inf():
+    # Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no key.
+    q, k, v = _inputs(1, 300, 20, 2, 1, 64, torch.bfloat16, 3)
+    out, lse = _run_poisoned(q, k, v, causal=True)
+    assert torch.all(out[:, :280] == 0)
+    assert torch.all(lse[:, :, :280] == -math.inf)
+    assert torch.all(torch.isfinite(lse[:, :, 280:]))
+
+
+def test_long_keys_million_tokens():
+    q, k, v = _inputs(1, 64, 1 << 20, 2, 1, 64, torch.bfloat16, 4)
+    _check(q, k, v, causal=False)
+
+
+def test_tensor_past_2_to_31_elements():
+    # q and out hold 17 * 128 * 2^20 > 2^31 elements: offsets past 2^31 must be exact.
+    seqlen_q, heads, head_dim = 1 << 20, 17, 128
+    assert seqlen_q * heads * head_dim > 2**31
+    q, k, v = _inputs(1, seqlen_q, 256, heads, 1, head_dim, torch.bfloat16, 5)
+    out, lse = _run_poisoned(q, k, v, causal=False)
+    assert not out.isnan().any()
+    tail = slice(seqlen_q - 300, seqlen_q)  # rows whose offsets are past 2^31
+    q_tail = q[:, tail]
+    out_ref, lse_ref = reference.attention(q_tail, k, v)
+    out_torch, lse_torch = reference.attention_in_dtype(q_tail, k, v)
+    assert _max_err(out[:, tail], out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+    _check_lse(lse[:, :, tail], lse_ref, lse_torch)
+
+
+def test_many_heads_and_batches_grid():
+    q, k, v = _inputs(64, 33, 70, 48, 16, 64, torch.float16, 6)
+    _check(q, k, v, causal=True)
+
+
+def test_runs_on_the_current_stream():
+    q, k, v = _inputs(2, 1000, 1000, 4, 4, 128, torch.bfloat16, 7)
+    expected = flash4.flash_attn_func(q, k, v)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = flash4.flash_attn_func(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = _inputs(2, 500, 700, 4, 2, 128, torch.bfloat16, 8)
+    flash4.flash_attn_func(q, k, v, causal=True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash4.flash_attn_func(q, k, v, causal=True)
+    fresh = _inputs(2, 500, 700, 4, 2, 128, torch.bfloat16, 9)
+    for static, new in zip((q, k, v), fresh):
+        static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    out_ref, _ = reference.attention(q, k, v, causal=True)
+    out_torch, _ = reference.attention_in_dtype(q, k, v, causal=True)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+
+
+def test_unsupported_head_dim_raises_before_launch():
+    q, k, v = _inputs(1, 16, 16, 2, 2, 72, torch.bfloat16, 10)
+    with pytest.raises(ValueError, match="head_dim=72"):
+        flash4.flash_attn_func(q, k, v)
