@@ -17,6 +17,9 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 # Keys per KV block by head dim on sm_90: the widest block whose Q tile plus two-stage K/V
 # ring fits the 227 KiB of shared memory, and whose S accumulator fits the register budget.
 _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
+# Ping-pong of the consumer warpgroups pays where softmax is a large share of the time;
+# at head dim 256 the GEMMs dominate and the O accumulator leaves few spare registers.
+_SM90_PINGPONG_HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,10 @@ def _sm90_rows() -> Iterable[KernelEntry]:
                     head_dim=head_dim,
                     causal=causal,
                     kernel="kernels.sm90_fwd.Sm90ForwardKernel",
-                    config=Sm90ForwardConfig(head_dim=head_dim, tile_n=tile_n, causal=causal),
+                    config=Sm90ForwardConfig(
+                        head_dim=head_dim, tile_n=tile_n, causal=causal,
+                        pingpong=head_dim in _SM90_PINGPONG_HEAD_DIMS,
+                    ),
                 )
 
 

@@ -28,6 +28,8 @@ class Sm90ForwardConfig:
     kv_stages: int = 2
     consumer_warpgroups: int = 2
     causal: bool = False
+    # Round-robin GEMM issue between consumer warpgroups (see pipelines.named_barriers).
+    pingpong: bool = True
 
     @property
     def tile_m(self) -> int:
@@ -40,6 +42,10 @@ class Sm90ForwardConfig:
         return q + kv + 1024
 
     def __post_init__(self) -> None:
+        if self.consumer_warpgroups not in (2, 3):
+            raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
+        if self.kv_stages < 1:
+            raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:

@@ -85,9 +85,7 @@ class Sm90ForwardKernel:
         self.consumer_warpgroups = config.consumer_warpgroups
         self.consumer_threads = self.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(self.consumer_warpgroups)
-        # Ping-pong needs registers for a second S accumulator in flight; at head dim 256
-        # the O accumulator alone takes 128 registers per thread, so it is left off there.
-        self.pingpong = self.head_dim <= 128
+        self.pingpong = config.pingpong
 
     # ------------------------------------------------------------------ host side
     @cute.jit
