@@ -37,7 +37,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
 from ..pipelines.tile_scheduler import SingleTileScheduler
@@ -106,7 +106,7 @@ class Sm90ForwardKernel:
         ]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
-        major_k, major_mn = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         warpgroups_along_m = (self.consumer_warpgroups, 1, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_k, Float32,
