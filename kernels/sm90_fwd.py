@@ -29,7 +29,8 @@ the causal diagonal) first, so the rest of the loop runs without any mask arithm
 
 from __future__ import annotations
 
-from typing import Type
+from dataclasses import dataclass
+from typing import Any, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -48,11 +49,11 @@ from ..pipelines.tma_pipeline import (
     make_tma_ring,
     producer_state,
 )
-from ..pipelines.warp_roles import THREADS_PER_WARPGROUP, register_budget
+from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
-from .online_softmax import OnlineSoftmax
+from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
@@ -69,6 +70,47 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+
+@dataclass(frozen=True)
+class Rings:
+    """The Q, K and V shared-memory rings: their mbarrier pipelines and their buffers."""
+
+    q: Any
+    k: Any
+    v: Any
+    sQ: cute.Tensor
+    sK: cute.Tensor
+    sV: cute.Tensor
+
+
+@dataclass(frozen=True)
+class Tile:
+    """This CTA's work: one query block of one head, and how many key blocks it sees."""
+
+    m_block: Int32
+    head: Int32
+    batch: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    n_block_max: Int32
+
+
+@dataclass(frozen=True)
+class ConsumerOperands:
+    """One consumer thread's GEMM operands, accumulators and element coordinates."""
+
+    tiled_mma_qk: cute.TiledMma
+    tiled_mma_pv: cute.TiledMma
+    warpgroup: Int32
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    tOrVt: cute.Tensor
+    s_shape: Any
+    acc_o: cute.Tensor
+    p: cute.Tensor
+    coords: cute.Tensor
 
 
 class Sm90ForwardKernel:
@@ -202,65 +244,68 @@ class Sm90ForwardKernel:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        q_ring = make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, self.consumer_threads)
-        k_ring = make_tma_ring(
-            storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
-        )
-        v_ring = make_tma_ring(
-            storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+        rings = Rings(
+            q=make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, self.consumer_threads),
+            k=make_tma_ring(
+                storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+            ),
+            v=make_tma_ring(
+                storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+            ),
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
         )
         finish_init()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-
         m_block, head, batch = SingleTileScheduler(self.causal).tile()
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        n_block_max = self.last_key_block(m_block, seqlen_q, seqlen_k)
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        tile = Tile(
+            m_block=m_block, head=head, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            n_block_max=self.key_block_end(m_block, seqlen_q, seqlen_k),
+        )
 
-        if warp_idx < THREADS_PER_WARPGROUP // 32:
+        if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                self.load(
-                    mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                    q_ring, k_ring, v_ring, m_block, head, batch, n_block_max,
-                )
+                self.load(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
-            self.consume(
-                tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, mO, mLSE, tma_atom_O,
-                q_ring, k_ring, v_ring, softmax_scale_log2, tidx,
-                m_block, head, batch, seqlen_q, seqlen_k, n_block_max,
-            )
+            ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, tidx)
+            lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
+            # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
+            lse.fill(-Float32.inf)
+            if tile.n_block_max > 0:
+                self.mainloop(ops, rings, tile, lse, softmax_scale_log2, tidx)
+            self.epilogue(ops, lse, rings.sQ, mO, mLSE, tma_atom_O, tile, tidx)
 
+    # ------------------------------------------------------------------ key ranges
     @cute.jit
-    def last_key_block(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        """One past the last key block any row of this query tile can see (may be <= 0)."""
-        n_max = cute.ceil_div(seqlen_k, self.tile_n)
+    def key_block_end(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+        """One past the last key block any row of the tile sees (<= 0: none)."""
+        n_end = cute.ceil_div(seqlen_k, self.tile_n)
         if cutlass.const_expr(self.causal):
             # The tile's last row sees keys up to row + seqlen_k - seqlen_q.
             last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
             if last_key < 0:
-                n_max = 0
+                n_end = 0
             else:
-                n_max = cutlass.min(n_max, last_key // self.tile_n + 1)
-        return n_max
+                n_end = cutlass.min(n_end, last_key // self.tile_n + 1)
+        return n_end
 
     @cute.jit
-    def first_unmasked_block_end(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+    def unmasked_block_end(self, tile: Tile) -> Int32:
         """Key blocks below this index are fully visible to every row of the tile."""
-        end = seqlen_k // self.tile_n
+        n_end = tile.seqlen_k // self.tile_n
         if cutlass.const_expr(self.causal):
             # The tile's first row is the most restricted: it sees keys <= first_key_limit.
-            first_key_limit = m_block * self.tile_m + seqlen_k - seqlen_q
+            first_key_limit = tile.m_block * self.tile_m + tile.seqlen_k - tile.seqlen_q
             if first_key_limit < 0:
-                end = 0
+                n_end = 0
             else:
-                end = cutlass.min(end, (first_key_limit + 1) // self.tile_n)
-        return end
+                n_end = cutlass.min(n_end, (first_key_limit + 1) // self.tile_n)
+        return n_end
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -269,49 +314,34 @@ class Sm90ForwardKernel:
         mQ: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
-        sQ: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
-        q_ring,
-        k_ring,
-        v_ring,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        n_block_max: Int32,
+        rings: Rings,
+        tile: Tile,
     ):
-        kv_head = head // (mQ.shape[2] // mK.shape[2])
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0))
-        no_cluster = cute.make_layout(1)
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
+        tQsQ, tQgQ = self.tma_view(
+            tma_atom_Q, rings.sQ, mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
         )
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_K, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_V, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-        )
+        tKsK, tKgK = self.tma_view(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], self.tile_n, None)
+        tVsV, tVgV = self.tma_view(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], self.tile_n, None)
+        k_ring, v_ring = rings.k, rings.v
 
-        if n_block_max > 0:
+        if tile.n_block_max > 0:
             state = producer_state(self.stages)
             # K of the first block goes out before Q: both are needed for the first GEMM,
             # and K's ring is the one the loop keeps waiting on.
-            n_block = n_block_max - 1
+            n_block = tile.n_block_max - 1
             k_ring.producer_acquire(state)
             cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
                       tma_bar_ptr=k_ring.producer_get_barrier(state))
             q_state = producer_state(1)
-            q_ring.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=q_ring.producer_get_barrier(q_state))
+            rings.q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
             # Steady state: K of the next block runs one block ahead of V, in the order the
             # consumers use them (S_j is issued before P V_{j+1}).
-            for i in cutlass.range(n_block_max - 1, unroll=1):
+            for i in cutlass.range(tile.n_block_max - 1, unroll=1):
                 v_state = state.clone()
                 state.advance()
                 k_ring.producer_acquire(state)
@@ -325,186 +355,141 @@ class Sm90ForwardKernel:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
                       tma_bar_ptr=v_ring.producer_get_barrier(state))
 
+    def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
+        """(smem, gmem) partitions for a TMA copy of (rows, head_dim) tiles of ``gmem``.
+
+        ``block`` picks one tile (Q); None keeps the tile index as the last mode (K, V).
+        """
+        tiles = cute.local_tile(gmem, (rows, self.head_dim), (block, 0))
+        return cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+        )
+
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def consume(
-        self,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
-        sQ: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        tma_atom_O: cute.CopyAtom,
-        q_ring,
-        k_ring,
-        v_ring,
-        softmax_scale_log2: Float32,
-        tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        n_block_max: Int32,
-    ):
+    def consumer_operands(
+        self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, rings: Rings, tidx: Int32
+    ) -> ConsumerOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # Each warpgroup's MMA slice: its 64 rows of Q and of S, O.
         wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
         wg_mma_pv = tiled_mma_pv.get_slice(wg_threads(warpgroup_idx))
-
         # V^T view (head_dim, keys, stage) of the V ring, the B operand of O = P V.
         sVt = cute.composition(
-            sV,
+            rings.sV,
             cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)),
         )
-        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
-        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        acc_o = cute.make_rmem_tensor(
-            wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
-        )
+        acc_o = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         # O starts at zero so every P V GEMM accumulates; one fill per tile is cheaper than
         # tracking which GEMM is the first.
         acc_o.fill(0.0)
-        # P in the input dtype, as the register A operand of O += P V. One buffer suffices:
-        # it is rewritten only after the GEMM that read it has completed.
-        p = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
-        # Tile-local (row, col) of each S element this thread holds, for masks and LSE rows.
-        coords = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        rows = cute.size(acc_rows_cols(coords), mode=[0])
-        lse = cute.make_rmem_tensor(rows, Float32)
-        # No key visible to any row of the tile (causal, seqlen_q > seqlen_k): O stays 0.
-        lse.fill(-Float32.inf)
-        if n_block_max > 0:
-            self.mainloop(
-                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, lse, coords,
-                q_ring, k_ring, v_ring, softmax_scale_log2, warpgroup_idx,
-                m_block, seqlen_q, seqlen_k, n_block_max,
-            )
-        self.epilogue(acc_o, lse, coords, sQ, mO, mLSE, tma_atom_O, tiled_mma_pv, tidx,
-                      m_block, head, batch, seqlen_q)
+        return ConsumerOperands(
+            tiled_mma_qk=tiled_mma_qk,
+            tiled_mma_pv=tiled_mma_pv,
+            warpgroup=warpgroup_idx,
+            tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ)),
+            tSrK=wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK)),
+            tOrVt=wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt)),
+            s_shape=wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
+            acc_o=acc_o,
+            # P in the input dtype, as the register A operand of O += P V. One buffer
+            # suffices: it is rewritten only after the GEMM that read it has completed.
+            p=wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n))),
+            # Tile-local (row, col) of each S element this thread holds: masks, LSE rows.
+            coords=tiled_mma_qk.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((self.tile_m, self.tile_n))
+            ),
+        )
 
     @cute.jit
     def mainloop(
         self,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_o: cute.Tensor,
-        p: cute.Tensor,
+        ops: ConsumerOperands,
+        rings: Rings,
+        tile: Tile,
         lse: cute.Tensor,
-        coords: cute.Tensor,
-        q_ring,
-        k_ring,
-        v_ring,
         softmax_scale_log2: Float32,
-        warpgroup_idx: Int32,
-        m_block: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
-        n_block_max: Int32,
+        tidx: Int32,
     ):
-        """All key blocks of the tile; leaves O normalised in ``acc_o`` and LSE in ``lse``."""
+        """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``."""
         softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
-        pingpong = WarpgroupPingPong(warpgroup_idx, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
-        s_shape = tiled_mma_qk.get_slice(0).partition_shape_C((self.tile_m, self.tile_n))
-        row0 = m_block * self.tile_m
+        pingpong = WarpgroupPingPong(ops.warpgroup, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
         if cutlass.const_expr(self.pingpong):
             pingpong.start()
-        q_ring.consumer_wait(consumer_state(1))
+        rings.q.consumer_wait(consumer_state(1))
         state = consumer_state(self.stages)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
-        n_block = n_block_max - 1
-        k_ring.consumer_wait(state)
-        acc_s = cute.make_rmem_tensor(s_shape, Float32)
-        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        n_block = tile.n_block_max - 1
+        rings.k.consumer_wait(state)
+        acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
+        self.gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         warpgroup.wait_group(0)
-        k_ring.consumer_release(state)
-        mask_scores(acc_s, coords, row0, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        rings.k.consumer_release(state)
+        self.mask(acc_s, ops, tile, n_block)
         softmax.update(acc_s, is_first=True)
-        self.store_p(acc_s, p)
+        self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
-        unmasked_end = self.first_unmasked_block_end(m_block, seqlen_q, seqlen_k)
-        masked_count = cutlass.max(n_block - unmasked_end, 0)
+        masked_count = cutlass.max(n_block - self.unmasked_block_end(tile), 0)
         for i in cutlass.range(masked_count, unroll=1):
             n_block -= 1
-            state = self.step(
-                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, s_shape, softmax,
-                k_ring, v_ring, state, pingpong, True,
-                coords, row0, n_block, seqlen_q, seqlen_k,
-            )
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
         for i in cutlass.range(n_block, unroll=1):
             n_block -= 1
-            state = self.step(
-                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_o, p, s_shape, softmax,
-                k_ring, v_ring, state, pingpong, False,
-                coords, row0, n_block, seqlen_q, seqlen_k,
-            )
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
         # The last block's P V.
-        v_ring.consumer_wait(state)
-        self.gemm(tiled_mma_pv, acc_o, p, tOrVt[None, None, None, state.index], False)
+        rings.v.consumer_wait(state)
+        self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
         warpgroup.wait_group(0)
-        v_ring.consumer_release(state)
-        q_ring.consumer_release(consumer_state(1))
-        inv_sum = softmax.finalize(lse)
-        softmax.rescale(acc_o, inv_sum)
+        rings.v.consumer_release(state)
+        rings.q.consumer_release(consumer_state(1))
+        softmax.rescale(ops.acc_o, softmax.finalize(lse))
 
     @cute.jit
     def step(
         self,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrVt: cute.Tensor,
-        acc_o: cute.Tensor,
-        p: cute.Tensor,
-        s_shape: cutlass.Constexpr,
-        softmax: OnlineSoftmax,
-        k_ring,
-        v_ring,
+        ops: ConsumerOperands,
+        rings: Rings,
         state,
+        softmax: OnlineSoftmax,
         pingpong: WarpgroupPingPong,
-        masked: cutlass.Constexpr[bool],
-        coords: cute.Tensor,
-        row0: Int32,
+        tile: Tile,
         n_block: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
+        masked: cutlass.Constexpr[bool],
     ):
         """One key block: S for block ``n_block`` overlapped with P V of the block before."""
         v_state = state.clone()
         state.advance()
-        k_ring.consumer_wait(state)
+        rings.k.consumer_wait(state)
         if cutlass.const_expr(self.pingpong):
             pingpong.wait_turn()
-        acc_s = cute.make_rmem_tensor(s_shape, Float32)
-        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
-        v_ring.consumer_wait(v_state)
-        self.gemm(tiled_mma_pv, acc_o, p, tOrVt[None, None, None, v_state.index], False)
+        acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
+        self.gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+        rings.v.consumer_wait(v_state)
+        self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
         if cutlass.const_expr(self.pingpong):
             pingpong.pass_turn()
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
-        k_ring.consumer_release(state)
+        rings.k.consumer_release(state)
         if cutlass.const_expr(masked):
-            mask_scores(acc_s, coords, row0, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+            self.mask(acc_s, ops, tile, n_block)
         row_scale = softmax.update(acc_s, is_first=False)
         warpgroup.wait_group(0)
-        v_ring.consumer_release(v_state)
-        softmax.rescale(acc_o, row_scale)
-        self.store_p(acc_s, p)
+        rings.v.consumer_release(v_state)
+        softmax.rescale(ops.acc_o, row_scale)
+        self.store_p(acc_s, ops.p)
         return state
+
+    @cute.jit
+    def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> None:
+        mask_scores(
+            acc_s, ops.coords, tile.m_block * self.tile_m, n_block * self.tile_n,
+            tile.seqlen_q, tile.seqlen_k, self.causal,
+        )
 
     @cute.jit
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
@@ -535,37 +520,32 @@ class Sm90ForwardKernel:
     @cute.jit
     def epilogue(
         self,
-        acc_o: cute.Tensor,
+        ops: ConsumerOperands,
         lse: cute.Tensor,
-        coords: cute.Tensor,
         sQ: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         tma_atom_O: cute.CopyAtom,
-        tiled_mma_pv: cute.TiledMma,
+        tile: Tile,
         tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        seqlen_q: Int32,
     ):
         # O is written into Q's buffer in Q's layout: each warpgroup overwrites only the 64
         # rows of Q that it alone read, after its last GEMM on them has completed.
         sO = sQ
-        o = cute.make_rmem_tensor_like(acc_o, self.dtype)
-        o.store(acc_o.load().to(self.dtype))
+        o = cute.make_rmem_tensor_like(ops.acc_o, self.dtype)
+        o.store(ops.acc_o.load().to(self.dtype))
         # stmatrix: each warp writes 8x8 tiles of 16-bit values straight from mma fragments.
         store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
-        thr_store = cute.make_tiled_copy_C(store_atom, tiled_mma_pv).get_slice(tidx)
+        thr_store = cute.make_tiled_copy_C(store_atom, ops.tiled_mma_pv).get_slice(tidx)
         cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO))
 
         # LSE straight from registers: the first thread of each quad owns its rows.
-        lse_rows = mLSE[None, head, batch]
-        c = acc_rows_cols(coords)
-        if tidx % 4 == 0:
+        lse_rows = mLSE[None, tile.head, tile.batch]
+        c = acc_rows_cols(ops.coords)
+        if tidx % THREADS_PER_ROW == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m + c[r, 0][0]
-                if row < seqlen_q:
+                row = tile.m_block * self.tile_m + c[r, 0][0]
+                if row < tile.seqlen_q:
                     lse_rows[row] = lse[r]
 
         # The TMA engine reads sO through the async proxy: make the generic-proxy writes
@@ -573,10 +553,8 @@ class Sm90ForwardKernel:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-            tOsO, tOgO = cpasync.tma_partition(
-                tma_atom_O, 0, cute.make_layout(1),
-                cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2),
+            tOsO, tOgO = self.tma_view(
+                tma_atom_O, sO, mO[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
             )
             # Rows past seqlen_q are clipped by the TMA engine.
             cute.copy(tma_atom_O, tOsO, tOgO)
