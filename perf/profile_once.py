@@ -1,0 +1,46 @@
+"""Run flash4's forward and flash-attn-4's once each on one protocol shape, for a profiler.
+
+    ncu --clock-control none -k regex:Forward --section SpeedOfLight python perf/profile_once.py --hdim 128 --seqlen 1024
+
+Each provider is warmed up (compiled) first, so the profiler sees steady-state launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import flash4
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hdim", type=int, default=128)
+    parser.add_argument("--seqlen", type=int, default=1024)
+    parser.add_argument("--causal", action="store_true")
+    args = parser.parse_args()
+    batch, heads = TOKENS // args.seqlen, HIDDEN // args.hdim
+    q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    providers = {"flash4": lambda: flash4.flash_attn_func(q, k, v, causal=args.causal)}
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+
+        providers["fa4"] = lambda: fa4(q, k, v, causal=args.causal)
+    except ImportError:
+        pass
+    for name, run in providers.items():
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(name)
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()
