@@ -17,6 +17,7 @@ from .mma_layouts import acc_rows_cols
 def mask_scores(
     acc_s: cute.Tensor,
     coords: cute.Tensor,
+    coords0: cute.Tensor,
     row0: Int32,
     col0: Int32,
     seqlen_q: Int32,
@@ -25,17 +26,24 @@ def mask_scores(
 ) -> None:
     """Set to -inf every score whose key is out of range for its query.
 
-    ``coords`` holds each accumulator element's (row, col) inside the tile (the MMA's
-    partition of an identity tensor); ``row0`` and ``col0`` place the tile.
+    ``coords`` holds this thread's (row, col) of each accumulator element inside the tile,
+    ``coords0`` thread 0's. An MMA layout is affine in (thread, value), so every element's
+    coordinate is thread 0's (known at compile time) plus this thread's offset: the limits
+    are shifted by the offset once, and each element compares a constant against them.
+    ``row0`` and ``col0`` place the tile.
     """
     s = acc_rows_cols(acc_s)
     c = acc_rows_cols(coords)
+    c0 = acc_rows_cols(coords0)
+    # Columns from this limit on are out of range, in thread 0's coordinates.
+    col_limit = seqlen_k - col0 - c[0, 0][1]
+    row_offset = row0 + c[0, 0][0]
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-        # Columns (tile-local) from this limit on are masked for this row.
-        limit = seqlen_k - col0
+        limit = col_limit
         if cutlass.const_expr(causal):
-            row = row0 + c[r, 0][0]
-            limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q - col0)
+            row = row_offset + c0[r, 0][0]
+            limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q - col0 - c[0, 0][1])
         for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            if c[r, j][1] >= limit:
-                s[r, j] = -Float32.inf
+            # A select, not a branch: a conditional store into the register fragment
+            # compiles to selects over the whole fragment.
+            s[r, j] = -Float32.inf if c0[r, j][1] >= limit else s[r, j]

@@ -111,6 +111,7 @@ class ConsumerOperands:
     acc_o: cute.Tensor
     p: cute.Tensor
     coords: cute.Tensor
+    coords0: cute.Tensor
 
 
 class Sm90ForwardKernel:
@@ -384,6 +385,7 @@ class Sm90ForwardKernel:
         # O starts at zero so every P V GEMM accumulates; one fill per tile is cheaper than
         # tracking which GEMM is the first.
         acc_o.fill(0.0)
+        tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
@@ -397,9 +399,9 @@ class Sm90ForwardKernel:
             # suffices: it is rewritten only after the GEMM that read it has completed.
             p=wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n))),
             # Tile-local (row, col) of each S element this thread holds: masks, LSE rows.
-            coords=tiled_mma_qk.get_slice(tidx).partition_C(
-                cute.make_identity_tensor((self.tile_m, self.tile_n))
-            ),
+            coords=tiled_mma_qk.get_slice(tidx).partition_C(tile_coords),
+            # Thread 0's coordinates: known at compile time (see mask_scores).
+            coords0=tiled_mma_qk.get_slice(0).partition_C(tile_coords),
         )
 
     @cute.jit
@@ -487,7 +489,7 @@ class Sm90ForwardKernel:
     @cute.jit
     def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> None:
         mask_scores(
-            acc_s, ops.coords, tile.m_block * self.tile_m, n_block * self.tile_n,
+            acc_s, ops.coords, ops.coords0, tile.m_block * self.tile_m, n_block * self.tile_n,
             tile.seqlen_q, tile.seqlen_k, self.causal,
         )
 
