@@ -191,6 +191,8 @@ def _sdpa(backend_name: str) -> Callable[..., Prepared]:
 
 
 def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    # The one place flash4 touches a peer: imported here, when the benchmark measures it, and
+    # only if it is installed. No kernel or API path of flash4 imports it.
     from flash_attn.cute import flash_attn_func
 
     # 4.0.0b36 returns (out, lse); other versions may return out alone.
