@@ -50,7 +50,7 @@ from ..pipelines.tma_pipeline import (
     producer_state,
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import Sm90ForwardConfig
+from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
@@ -58,8 +58,6 @@ from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
 SMEM_ALIGN_BYTES = 1024
-# wgmma computes 64 rows per warpgroup.
-WGMMA_M = 64
 
 
 def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
@@ -70,7 +68,6 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
-
 
 
 @dataclass(frozen=True)
@@ -153,13 +150,13 @@ class Sm90ForwardKernel:
         warpgroups_along_m = (self.consumer_warpgroups, 1, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_k, Float32,
-            warpgroups_along_m, (WGMMA_M, self.tile_n),
+            warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
         )
         # V sits in shared memory as (keys, head_dim) with head_dim contiguous: for
         # O = P V it is the B operand (N = head_dim, K = keys), N-major.
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_mn, Float32,
-            warpgroups_along_m, (WGMMA_M, self.head_dim),
+            warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM,
         )
 
