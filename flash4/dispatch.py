@@ -22,6 +22,14 @@ _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
 _SM90_PINGPONG_HEAD_DIMS = (64, 128)
 
 
+def _sm90_consumer_warpgroups(head_dim: int, causal: bool) -> int:
+    """Three 64-row warpgroups (192-row tiles) where the S and O accumulators are small
+    enough for 160 registers a thread: at head dim 64, 4-15% faster than 128-row tiles
+    without a mask on the H200 (perf/sweep_configs.py, 2026-11-29). Causal keeps two: its
+    short sequences lost 6-8% with three."""
+    return 3 if head_dim == 64 and not causal else 2
+
+
 @dataclass(frozen=True)
 class KernelEntry:
     """One row of the selector's table."""
@@ -46,6 +54,7 @@ def _sm90_rows() -> Iterable[KernelEntry]:
                     kernel="kernels.sm90_fwd.Sm90ForwardKernel",
                     config=Sm90ForwardConfig(
                         head_dim=head_dim, tile_n=tile_n, causal=causal,
+                        consumer_warpgroups=_sm90_consumer_warpgroups(head_dim, causal),
                         pingpong=head_dim in _SM90_PINGPONG_HEAD_DIMS,
                     ),
                 )
