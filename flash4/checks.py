@@ -27,6 +27,8 @@ HEAD_DIM_MULTIPLE = 8
 # The TMA engine moves 16-byte units: strides and start addresses must be 16-byte multiples.
 TMA_ALIGN_BYTES = 16
 TMA_ALIGN_ELEMENTS = TMA_ALIGN_BYTES // 2  # of a 2-byte dtype
+# CUDA caps a grid's y and z dimensions at 65535; heads and batch entries are laid on them.
+MAX_GRID_YZ = 65535
 # The largest head dim whose Q tile and K/V ring fit Hopper's shared memory.
 MAX_HEAD_DIM = 256
 _LAYOUT = "(batch, seqlen, heads, head_dim)"
@@ -95,6 +97,12 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                        ("kv_heads (k.shape[2])", kv_heads)):
         if size < 1:
             raise ValueError(f"{name} is {size}; it must be >= 1")
+    for name, size in (("batch (q.shape[0])", batch), ("heads (q.shape[2])", heads)):
+        if size > MAX_GRID_YZ:
+            raise ValueError(
+                f"{name} is {size}; at most {MAX_GRID_YZ} (the kernels launch one grid row per "
+                "head and per batch entry)"
+            )
     if heads % kv_heads:
         raise ValueError(
             f"heads={heads} (q.shape[2]) is not divisible by kv_heads={kv_heads} (k.shape[2]); "

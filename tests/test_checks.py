@@ -288,3 +288,15 @@ def test_select_finds_the_matching_row(head_dim, dtype, causal):
 )
 def test_arch_of_capability(capability, arch):
     assert dispatch.arch_of_capability(*capability) == arch
+
+
+@pytest.mark.parametrize("name,q_shape,kv_shape", [
+    ("batch", (65536, 1, 1, 8), (65536, 1, 1, 8)),
+    ("heads", (1, 1, 65536, 8), (1, 1, 1, 8)),
+])
+def test_batch_and_heads_beyond_the_grid_limit(name, q_shape, kv_shape):
+    # Expanded views: the sizes are real, the memory is one element.
+    q = torch.zeros(1, dtype=torch.bfloat16).expand(*q_shape)
+    k = torch.zeros(1, dtype=torch.bfloat16).expand(*kv_shape)
+    with pytest.raises(ValueError, match=rf"^{name} \(q\.shape\[\d\]\) is 65536; at most 65535"):
+        check_attention_args(q, k, k, None, False)
