@@ -190,22 +190,33 @@ def _sdpa(backend_name: str) -> Callable[..., Prepared]:
     return prepare
 
 
-def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
-    # The one place flash4 touches a peer: imported here, when the benchmark measures it, and
-    # only if it is installed. No kernel or API path of flash4 imports it.
-    from flash_attn.cute import flash_attn_func
+# Peers outside torch (flash-attn-4) are adapted in perf/peer_providers.py, never in the
+# flash4 package: flash4 imports no peer. ``python -m flash4 bench`` run from a checkout
+# finds that module (the working directory is on sys.path); an installed flash4 elsewhere
+# records those peers as not available.
+PEER_PROVIDERS_MODULE = "perf.peer_providers"
 
-    # 4.0.0b36 returns (out, lse); other versions may return out alone.
-    return (lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)), (
-        lambda out: out[0] if isinstance(out, tuple) else out
-    )
+
+def _not_available(name: str) -> Callable[..., Prepared]:
+    def prepare(*_: Any) -> Prepared:
+        raise ImportError(f"{name} is measured from a flash4 checkout ({PEER_PROVIDERS_MODULE})")
+
+    return prepare
+
+
+def _checkout_peers() -> dict[str, Callable[..., Prepared]]:
+    try:
+        module = importlib.import_module(PEER_PROVIDERS_MODULE)
+    except ImportError:
+        return {"fa4": _not_available("fa4")}
+    return dict(module.PROVIDERS)
 
 
 PROVIDERS: dict[str, Callable[..., Prepared]] = {
     FLASH4: _flash4,
     "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
     "sdpa-flash": _sdpa("FLASH_ATTENTION"),
-    "fa4": _fa4,
+    **_checkout_peers(),
 }
 
 

@@ -168,3 +168,13 @@ def test_bench_without_gpu_flags_missing_instruction_and_filters(
     assert all(entry.head_dim == 128 and not entry.causal for entry, _ in calls)
     assert len(calls) == sum(e.head_dim == 128 and not e.causal for e in dispatch.TABLE)
     assert "MISSING setmaxnreg" in out
+
+
+def test_peers_outside_torch_come_from_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # From a checkout, flash-attn-4's adapter is perf/peer_providers.py, not flash4 code.
+    assert bench._checkout_peers()["fa4"].__module__ == bench.PEER_PROVIDERS_MODULE
+    # Elsewhere the peer is recorded as not available, with the reason.
+    monkeypatch.setattr(bench, "PEER_PROVIDERS_MODULE", "perf.no_such_module")
+    prepare = bench._checkout_peers()["fa4"]
+    with pytest.raises(ImportError, match="measured from a flash4 checkout"):
+        prepare()
