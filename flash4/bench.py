@@ -406,9 +406,12 @@ def compile_only(options: Options) -> int:
         missing = [n for n in REQUIRED_INSTRUCTIONS if not report.instructions.get(n)]
         failures += bool(missing)
         flag = f"  MISSING {', '.join(missing)}" if missing else ""
-        print(f"{config}  {report.seconds:6.1f} s  {counts}{flag}", flush=True)
+        ptxas = {"registers": report.registers, "spill_bytes": report.spill_bytes,
+                 "serialized_wgmma": report.serialized_wgmma}
+        print(f"{config}  {report.seconds:6.1f} s  {counts}  "
+              + "  ".join(f"{k}={v}" for k, v in ptxas.items()) + flag, flush=True)
         reports.append({"entry": dataclasses.asdict(entry), "seconds": report.seconds,
-                        "instructions": dict(report.instructions)})
+                        "instructions": dict(report.instructions), "ptxas": ptxas})
     print(f"{len(entries) - failures} of {len(entries)} kernels compiled with every required instruction")
     if options.out is not None:
         write_json(options.out, {**environment(), "mode": f"compile-only {COMPILE_ONLY_ARCH}",

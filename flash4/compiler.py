@@ -9,7 +9,10 @@ the compiled function take torch tensors directly and launch on torch's current 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +29,13 @@ TMA_ALIGN_BYTES = 16
 LSE_ALIGN_BYTES = 4
 
 
+# ptxas's remark when it must wait for in-flight wgmmas before touching their registers
+# (it then runs the GEMM's instructions one after another instead of pipelined).
+PTXAS_SERIALIZED_WGMMA = "C7519"
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores")
+
+
 @dataclass(frozen=True)
 class CompileReport:
     """What compiling one selector row produced."""
@@ -33,6 +43,11 @@ class CompileReport:
     seconds: float
     instructions: dict[str, int]
     ptx: str
+    # ptxas's own account of the kernel: registers at launch (before setmaxnreg), bytes
+    # spilled to local memory, and how many wgmma groups it had to serialise.
+    registers: int = 0
+    spill_bytes: int = 0
+    serialized_wgmma: int = 0
 
 
 def _cutlass_dtype(name: str) -> Any:
@@ -96,7 +111,20 @@ def compiled_forward(entry: KernelEntry) -> Callable[..., Any]:
 def compile_entry(entry: KernelEntry, arch: str = "sm_90a") -> CompileReport:
     """Compile one selector row for ``arch`` (no GPU needed) and count key PTX instructions."""
     start = time.perf_counter()
-    compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx")
+    remarks = io.StringIO()
+    # The DSL prints ptxas's remarks (registers, spills, serialisation) as Python warnings
+    # text on stderr; they are read back here instead of shown.
+    with contextlib.redirect_stderr(remarks):
+        compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx", "remarks{ptx}")
     seconds = time.perf_counter() - start
     ptx = compiled.__ptx__ or ""
-    return CompileReport(seconds, {name: ptx.count(name) for name in KEY_INSTRUCTIONS}, ptx)
+    log = remarks.getvalue()
+    registers = _PTXAS_REGISTERS.search(log)
+    return CompileReport(
+        seconds,
+        {name: ptx.count(name) for name in KEY_INSTRUCTIONS},
+        ptx,
+        registers=int(registers.group(1)) if registers else 0,
+        spill_bytes=sum(int(n) for n in _PTXAS_SPILLS.findall(log)),
+        serialized_wgmma=log.count(PTXAS_SERIALIZED_WGMMA),
+    )

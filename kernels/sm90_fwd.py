@@ -54,6 +54,7 @@ from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
+from .packed_convert import convert_packed
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
@@ -493,7 +494,7 @@ class Sm90ForwardKernel:
     @cute.jit
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
         """Convert the probabilities to the input dtype into P's A-operand registers."""
-        p.store(acc_as_a_operand(acc_s).load().to(self.dtype))
+        convert_packed(acc_as_a_operand(acc_s), p)
 
     @cute.jit
     def gemm(

@@ -123,6 +123,9 @@ class _FakeReport:
     seconds: float
     instructions: dict[str, int]
     ptx: str
+    registers: int = 168
+    spill_bytes: int = 0
+    serialized_wgmma: int = 0
 
 
 def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
