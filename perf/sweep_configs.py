@@ -21,9 +21,9 @@ from flash4.interface import LOG2_E
 TOKENS, HIDDEN = 16384, 2048
 
 CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(), dict(consumer_warpgroups=3), dict(consumer_warpgroups=3, tile_n=176), dict(consumer_warpgroups=3, tile_n=96)],
-    128: [dict(), dict(kv_stages=3), dict(tile_n=176), dict(tile_n=160)],
-    256: [dict(), dict(pingpong=True), dict(tile_n=64), dict(tile_n=96, kv_stages=1)],
+    64: [dict(consumer_warpgroups=2), dict(consumer_warpgroups=3), dict(consumer_warpgroups=2, tile_n=192)],
+    128: [dict(), dict(tile_n=144), dict(tile_n=160), dict(tile_n=176)],
+    256: [dict(), dict(pingpong=True), dict(tile_n=64), dict(tile_n=64, pingpong=True)],
 }
 
 

@@ -1,0 +1,56 @@
+"""Host cost per call at a tiny shape, where the GPU work is negligible (issue 3's protocol).
+
+    python perf/host_overhead.py [--calls 1000]
+
+Wall time of ``calls`` back-to-back calls followed by one synchronize, divided by calls:
+what a framework pays per attention call when the kernel itself takes a few microseconds.
+Shape: batch 1, seqlen 128, 16 heads, head dim 64, bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import torch
+
+import flash4
+
+BATCH, SEQLEN, HEADS, HEAD_DIM = 1, 128, 16, 64
+
+
+def per_call_us(fn: Callable[[], object], calls: int) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1000)
+    args = parser.parse_args()
+    q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    providers: dict[str, Callable[[], object]] = {
+        "flash4": lambda: flash4.flash_attn_func(q, k, v),
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
+    }
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+
+        providers["fa4"] = lambda: fa4(q, k, v)
+    except ImportError:
+        pass
+    for name, fn in providers.items():
+        print(f"{name:8s} {per_call_us(fn, args.calls):7.1f} us per call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
