@@ -59,50 +59,70 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _check_tensors(q: object, k: object, v: object) -> None:
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dim() != 4:
-            raise ValueError(
-                f"{name} must be 4-D {_LAYOUT}, got shape {tuple(tensor.shape)} ({tensor.dim()}-D)"
-            )
-    allowed = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {_dtype_name(tensor.dtype)}; supported dtypes: {allowed}")
-    for name, tensor in (("k", k), ("v", v)):
-        if tensor.dtype != q.dtype:
-            raise TypeError(
-                f"{name} has dtype {_dtype_name(tensor.dtype)} but q has {_dtype_name(q.dtype)}; "
-                "q, k and v must share one dtype"
-            )
+    # Every check tests the common case in one expression and only walks the arguments to
+    # name the culprit when it fails: this runs on every call, where microseconds count.
+    tensors = (("q", q), ("k", k), ("v", v))
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        name, tensor = next(t for t in tensors if not isinstance(t[1], torch.Tensor))
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not q.dim() == k.dim() == v.dim() == 4:
+        name, tensor = next(t for t in tensors if t[1].dim() != 4)
+        raise ValueError(
+            f"{name} must be 4-D {_LAYOUT}, got shape {tuple(tensor.shape)} ({tensor.dim()}-D)"
+        )
+    dtype = q.dtype
+    if dtype not in SUPPORTED_DTYPES or k.dtype not in SUPPORTED_DTYPES or v.dtype not in SUPPORTED_DTYPES:
+        allowed = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
+        name, tensor = next(t for t in tensors if t[1].dtype not in SUPPORTED_DTYPES)
+        raise TypeError(f"{name} has dtype {_dtype_name(tensor.dtype)}; supported dtypes: {allowed}")
+    if k.dtype != dtype or v.dtype != dtype:
+        name, tensor = next(t for t in tensors[1:] if t[1].dtype != dtype)
+        raise TypeError(
+            f"{name} has dtype {_dtype_name(tensor.dtype)} but q has {_dtype_name(dtype)}; "
+            "q, k and v must share one dtype"
+        )
+
+
+def _misaligned(tensor: torch.Tensor) -> bool:
+    """Whether TMA cannot address ``tensor``: a stride (of a dim longer than 1) or the start
+    address is not a 16-byte multiple."""
+    if tensor.data_ptr() % TMA_ALIGN_BYTES:
+        return True
+    strides = tensor.stride()
+    if not (strides[0] | strides[1] | strides[2]) % TMA_ALIGN_ELEMENTS:
+        return False
+    # A dim of size 1 is never stepped over, so its stride does not matter.
+    shape = tensor.shape
+    return any(strides[i] % TMA_ALIGN_ELEMENTS and shape[i] > 1 for i in range(3))
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    k_shape = k.shape
+    if k_shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k_shape)} and v {tuple(v.shape)}")
     batch, seqlen_q, heads, head_dim = q.shape
-    _, seqlen_k, kv_heads, kv_head_dim = k.shape
-    if k.shape[0] != batch:
-        raise ValueError(f"k has batch {k.shape[0]} but q has batch {batch}; they must match")
+    k_batch, seqlen_k, kv_heads, kv_head_dim = k_shape
+    if k_batch != batch:
+        raise ValueError(f"k has batch {k_batch} but q has batch {batch}; they must match")
     if kv_head_dim != head_dim:
         raise ValueError(
             f"k and v have head_dim {kv_head_dim} but q has head_dim {head_dim}; they must match"
         )
-    for name, seqlen in (("seqlen_q (q.shape[1])", seqlen_q), ("seqlen_k (k.shape[1])", seqlen_k)):
-        if seqlen < 1:
-            raise ValueError(f"{name} is {seqlen}; seqlen must be >= 1")
-    for name, size in (("batch (q.shape[0])", batch), ("heads (q.shape[2])", heads),
-                       ("kv_heads (k.shape[2])", kv_heads)):
-        if size < 1:
-            raise ValueError(f"{name} is {size}; it must be >= 1")
-    for name, size in (("batch (q.shape[0])", batch), ("heads (q.shape[2])", heads)):
-        if size > MAX_GRID_YZ:
-            raise ValueError(
-                f"{name} is {size}; at most {MAX_GRID_YZ} (the kernels launch one grid row per "
-                "head and per batch entry)"
-            )
+    if seqlen_q < 1 or seqlen_k < 1:
+        name, seqlen = ("seqlen_q (q.shape[1])", seqlen_q) if seqlen_q < 1 else ("seqlen_k (k.shape[1])", seqlen_k)
+        raise ValueError(f"{name} is {seqlen}; seqlen must be >= 1")
+    if batch < 1 or heads < 1 or kv_heads < 1:
+        name, size = next(
+            item for item in (("batch (q.shape[0])", batch), ("heads (q.shape[2])", heads),
+                              ("kv_heads (k.shape[2])", kv_heads)) if item[1] < 1
+        )
+        raise ValueError(f"{name} is {size}; it must be >= 1")
+    if batch > MAX_GRID_YZ or heads > MAX_GRID_YZ:
+        name, size = ("batch (q.shape[0])", batch) if batch > MAX_GRID_YZ else ("heads (q.shape[2])", heads)
+        raise ValueError(
+            f"{name} is {size}; at most {MAX_GRID_YZ} (the kernels launch one grid row per "
+            "head and per batch entry)"
+        )
     if heads % kv_heads:
         raise ValueError(
             f"heads={heads} (q.shape[2]) is not divisible by kv_heads={kv_heads} (k.shape[2]); "
@@ -113,20 +133,20 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"head_dim={head_dim} (q.shape[3]) must be a multiple of {HEAD_DIM_MULTIPLE} "
             f"in [{HEAD_DIM_MULTIPLE}, {MAX_HEAD_DIM}]"
         )
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.stride(-1) != 1:
-            raise ValueError(
-                f"{name} has stride {tensor.stride(-1)} in its last dim (head_dim); "
-                f"it must be contiguous there (stride 1): call {name}.contiguous()"
-            )
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        rows = [s for s, n in zip(tensor.stride()[:-1], tensor.shape[:-1]) if n > 1]
-        if any(s % TMA_ALIGN_ELEMENTS for s in rows) or tensor.data_ptr() % TMA_ALIGN_BYTES:
-            raise ValueError(
-                f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
-                f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "
-                f"elements and a {TMA_ALIGN_BYTES}-byte aligned start: call {name}.contiguous()"
-            )
+    tensors = (("q", q), ("k", k), ("v", v))
+    if not q.stride(3) == k.stride(3) == v.stride(3) == 1:
+        name, tensor = next(t for t in tensors if t[1].stride(-1) != 1)
+        raise ValueError(
+            f"{name} has stride {tensor.stride(-1)} in its last dim (head_dim); "
+            f"it must be contiguous there (stride 1): call {name}.contiguous()"
+        )
+    if _misaligned(q) or _misaligned(k) or _misaligned(v):
+        name, tensor = next(t for t in tensors if _misaligned(t[1]))
+        raise ValueError(
+            f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
+            f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "
+            f"elements and a {TMA_ALIGN_BYTES}-byte aligned start: call {name}.contiguous()"
+        )
 
 
 def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:

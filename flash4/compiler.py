@@ -68,7 +68,7 @@ def _fake_tensor(dtype: Any, shape: tuple, align: int) -> Any:
     return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
 
 
-def _forward_arguments(entry: KernelEntry) -> tuple:
+def _forward_arguments(entry: KernelEntry, with_lse: bool) -> tuple:
     import cutlass
     import cutlass.cute as cute
 
@@ -79,7 +79,7 @@ def _forward_arguments(entry: KernelEntry) -> tuple:
     k = _fake_tensor(dtype, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
     v = _fake_tensor(dtype, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
     o = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
-    lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES)
+    lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return q, k, v, o, lse, cutlass.Float32(1.0), stream
 
@@ -92,30 +92,31 @@ def _kernel(entry: KernelEntry) -> Any:
     return Sm90ForwardKernel(entry.config, _cutlass_dtype(entry.dtype))
 
 
-def _compile(entry: KernelEntry, *options: str) -> Any:
+def _compile(entry: KernelEntry, *options: str, with_lse: bool = True) -> Any:
     import cutlass.cute as cute
 
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(_kernel(entry), *_forward_arguments(entry), options=flags)
+    return cute.compile(_kernel(entry), *_forward_arguments(entry, with_lse), options=flags)
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_forward(entry: KernelEntry) -> Callable[..., Any]:
+def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[..., Any]:
     """The compiled kernel for one selector row, for the GPU this process runs on.
 
-    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2)`` with torch tensors.
+    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2)`` with torch tensors; built
+    ``with_lse=False`` it takes ``None`` for lse and skips writing it.
     """
-    return _compile(entry)
+    return _compile(entry, with_lse=with_lse)
 
 
-def compile_entry(entry: KernelEntry, arch: str = "sm_90a") -> CompileReport:
+def compile_entry(entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True) -> CompileReport:
     """Compile one selector row for ``arch`` (no GPU needed) and count key PTX instructions."""
     start = time.perf_counter()
     remarks = io.StringIO()
     # The DSL prints ptxas's remarks (registers, spills, serialisation) as Python warnings
     # text on stderr; they are read back here instead of shown.
     with contextlib.redirect_stderr(remarks):
-        compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx", "remarks{ptx}")
+        compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx", "remarks{ptx}", with_lse=with_lse)
     seconds = time.perf_counter() - start
     ptx = compiled.__ptx__ or ""
     log = remarks.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, Callable
 
 import torch
 
@@ -13,6 +14,11 @@ from flash4.dispatch import arch_of_capability, select
 
 # exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
 LOG2_E = math.log2(math.e)
+
+# (device index, dtype, head dim, causal, writes LSE) -> compiled kernel. Everything in the
+# key is static, so shapes and scales never recompile; one dict lookup per call keeps the
+# host cost of small calls low (the selector scan and dataclass hashing are not free).
+_KERNELS: dict[tuple[int, str, int, bool, bool], Callable[..., Any]] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +50,12 @@ def flash_attn_func(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    # Without return_lse the kernel variant that never writes LSE runs: no buffer, no stores.
+    lse = (
+        torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
+        if return_lse
+        else None
+    )
     _launch(q, k, v, out, lse, problem)
     return (out, lse) if return_lse else out
 
@@ -54,17 +65,18 @@ def flash_attn_forward_into(
     k: torch.Tensor,
     v: torch.Tensor,
     out: torch.Tensor,
-    lse: torch.Tensor,
+    lse: torch.Tensor | None,
     softmax_scale: float | None = None,
     causal: bool = False,
 ) -> None:
     """``flash_attn_func`` writing into preallocated ``out`` (like q, contiguous) and ``lse``
-    (float32, contiguous (batch, heads, seqlen_q)): for CUDA graphs and buffer reuse."""
+    (float32, contiguous (batch, heads, seqlen_q), or None to skip it): for CUDA graphs and
+    buffer reuse."""
     problem = check_attention_args(q, k, v, softmax_scale, causal)
-    for name, tensor, shape, dtype in (
-        ("out", out, tuple(q.shape), q.dtype),
-        ("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32),
-    ):
+    buffers = [("out", out, tuple(q.shape), q.dtype)]
+    if lse is not None:
+        buffers.append(("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32))
+    for name, tensor, shape, dtype in buffers:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
@@ -77,8 +89,23 @@ def flash_attn_forward_into(
     _launch(q, k, v, out, lse, problem)
 
 
+def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:
+    key = (device_index, problem.dtype, problem.head_dim, problem.causal, with_lse)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        entry = select(device_arch(device_index), problem.dtype, problem.head_dim, problem.causal)
+        kernel = _KERNELS[key] = compiled_forward(entry, with_lse)
+    return kernel
+
+
 def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
-    entry = select(device_arch(q.device.index), problem.dtype, problem.head_dim, problem.causal)
-    kernel = compiled_forward(entry)
-    with torch.cuda.device(q.device):
-        kernel(q, k, v, out, lse, problem.softmax_scale * LOG2_E)
+    device = q.device
+    kernel = _kernel(device.index, problem, lse is not None)
+    scale_log2 = problem.softmax_scale * LOG2_E
+    # The launch goes to the current device's context; switching costs microseconds, so
+    # only when q lives elsewhere.
+    if device.index == torch.cuda.current_device():
+        kernel(q, k, v, out, lse, scale_log2)
+    else:
+        with torch.cuda.device(device):
+            kernel(q, k, v, out, lse, scale_log2)

@@ -30,7 +30,7 @@ the causal diagonal) first, so the rest of the loop runs without any mask arithm
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Type
+from typing import Any, Optional, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -136,7 +136,7 @@ class Sm90ForwardKernel:
         mK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
         mV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
         mO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
-        mLSE: cute.Tensor,  # (batch, heads, seqlen_q), float32
+        mLSE: Optional[cute.Tensor],  # (batch, heads, seqlen_q), float32; None: not written
         softmax_scale_log2: Float32,
         stream: cuda.CUstream,
     ):
@@ -145,7 +145,8 @@ class Sm90ForwardKernel:
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
             for t in (mQ, mK, mV, mO)
         ]
-        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        if cutlass.const_expr(mLSE is not None):
+            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         warpgroups_along_m = (self.consumer_warpgroups, 1, 1)
@@ -224,7 +225,7 @@ class Sm90ForwardKernel:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -524,7 +525,7 @@ class Sm90ForwardKernel:
         lse: cute.Tensor,
         sQ: cute.Tensor,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
         tma_atom_O: cute.CopyAtom,
         tile: Tile,
         tidx: Int32,
@@ -539,14 +540,8 @@ class Sm90ForwardKernel:
         thr_store = cute.make_tiled_copy_C(store_atom, ops.tiled_mma_pv).get_slice(tidx)
         cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO))
 
-        # LSE straight from registers: the first thread of each quad owns its rows.
-        lse_rows = mLSE[None, tile.head, tile.batch]
-        c = acc_rows_cols(ops.coords)
-        if tidx % THREADS_PER_ROW == 0:
-            for r in cutlass.range_constexpr(cute.size(lse)):
-                row = tile.m_block * self.tile_m + c[r, 0][0]
-                if row < tile.seqlen_q:
-                    lse_rows[row] = lse[r]
+        if cutlass.const_expr(mLSE is not None):
+            self.store_lse(lse, mLSE, ops, tile, tidx)
 
         # The TMA engine reads sO through the async proxy: make the generic-proxy writes
         # above visible to it, then wait for every consumer thread's part.
@@ -560,3 +555,14 @@ class Sm90ForwardKernel:
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def store_lse(self, lse: cute.Tensor, mLSE: cute.Tensor, ops: ConsumerOperands, tile: Tile, tidx: Int32):
+        """LSE straight from registers: the first thread of each quad owns its rows."""
+        lse_rows = mLSE[None, tile.head, tile.batch]
+        c = acc_rows_cols(ops.coords)
+        if tidx % THREADS_PER_ROW == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = tile.m_block * self.tile_m + c[r, 0][0]
+                if row < tile.seqlen_q:
+                    lse_rows[row] = lse[r]

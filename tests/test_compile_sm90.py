@@ -33,3 +33,13 @@ def test_kernel_compiles_with_hopper_instructions(entry):
     assert report.registers > 0, "ptxas's remarks were not captured"
     assert report.spill_bytes == 0, f"{entry} spills {report.spill_bytes} bytes"
     assert report.serialized_wgmma == 0, f"ptxas serialised {report.serialized_wgmma} wgmma groups in {entry}"
+
+
+@pytest.mark.parametrize("entry", SM90_ROWS[:2], ids=["full", "causal"])
+def test_variant_without_lse_stores_nothing_but_o(entry):
+    # O leaves through TMA; the only plain global stores are LSE's, one per row.
+    with_lse = compile_entry(entry, arch="sm_90a")
+    without = compile_entry(entry, arch="sm_90a", with_lse=False)
+    assert with_lse.ptx.count("st.global") > 0
+    assert without.ptx.count("st.global") == 0
+    assert without.instructions["cp.async.bulk.tensor"] == with_lse.instructions["cp.async.bulk.tensor"]

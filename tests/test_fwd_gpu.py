@@ -81,6 +81,48 @@ def test_forward_matches_reference(dtype, head_dim, causal, seqlen_q, seqlen_k, 
     _check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 17), (1000, 1000)))
+def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q, seqlen_k):
+    # The variant compiled without LSE stores (lse=None) must still write every output row.
+    seed = hash(("no-lse", head_dim, causal, seqlen_q, seqlen_k, str(dtype))) % 2**31
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, 8, 2, head_dim, dtype, seed)
+    out = torch.full_like(q, math.nan)
+    flash4.flash_attn_forward_into(q, k, v, out, None, causal=causal)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "NaN in out: some output was never written"
+    out_ref, _ = reference.attention(q, k, v, causal=causal)
+    out_torch, _ = reference.attention_in_dtype(q, k, v, causal=causal)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+
+
+def test_shapes_and_scales_never_recompile(monkeypatch):
+    from flash4 import compiler, interface
+
+    compiles = []
+    real_compile = compiler._compile
+
+    def counting_compile(entry, *options, **kwargs):
+        compiles.append(entry)
+        return real_compile(entry, *options, **kwargs)
+
+    monkeypatch.setattr(compiler, "_compile", counting_compile)
+    monkeypatch.setattr(interface, "_KERNELS", {})
+    compiler.compiled_forward.cache_clear()
+    # batch, seqlen_q, seqlen_k, heads, kv_heads, softmax_scale: everything but the kernel's
+    # static properties (dtype, head dim, causal, LSE or not) changes from call to call.
+    for i, (batch, seqlen_q, seqlen_k, heads, kv_heads, scale) in enumerate(
+        ((1, 17, 17, 2, 2, None), (3, 1000, 64, 4, 1, 0.3), (2, 5, 4096, 8, 2, 1.7), (7, 128, 300, 6, 3, None))
+    ):
+        q, k, v = _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, 64, torch.bfloat16, 20 + i)
+        flash4.flash_attn_func(q, k, v, softmax_scale=scale)
+    assert len(compiles) == 1, f"{len(compiles)} compilations for one kernel over changing shapes"
+    flash4.flash_attn_func(q, k, v, return_lse=True)
+    assert len(compiles) == 2, "asking for LSE builds the one variant that writes it"
+
+
 def test_public_function_returns_out_and_lse():
     q, k, v = _inputs(2, 300, 500, 4, 2, 128, torch.bfloat16, 1)
     out = flash4.flash_attn_func(q, k, v, causal=True)
