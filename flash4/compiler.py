@@ -81,7 +81,7 @@ def _forward_arguments(entry: KernelEntry, with_lse: bool) -> tuple:
     o = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
     lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, o, lse, cutlass.Float32(1.0), stream
+    return q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream
 
 
 def _kernel(entry: KernelEntry) -> Any:
@@ -103,7 +103,8 @@ def _compile(entry: KernelEntry, *options: str, with_lse: bool = True) -> Any:
 def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[..., Any]:
     """The compiled kernel for one selector row, for the GPU this process runs on.
 
-    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2)`` with torch tensors; built
+    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2, max_ctas)`` with torch tensors
+    (``max_ctas``: the SM count, the most CTAs a persistent kernel launches); built
     ``with_lse=False`` it takes ``None`` for lse and skips writing it.
     """
     return _compile(entry, with_lse=with_lse)

@@ -27,6 +27,12 @@ def device_arch(index: int) -> str:
     return arch_of_capability(*torch.cuda.get_device_capability(index))
 
 
+@functools.lru_cache(maxsize=None)
+def device_sms(index: int) -> int:
+    """SMs of CUDA device ``index``: persistent kernels launch one CTA per SM."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -102,10 +108,11 @@ def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
     device = q.device
     kernel = _kernel(device.index, problem, lse is not None)
     scale_log2 = problem.softmax_scale * LOG2_E
+    sms = device_sms(device.index)
     # The launch goes to the current device's context; switching costs microseconds, so
     # only when q lives elsewhere.
     if device.index == torch.cuda.current_device():
-        kernel(q, k, v, out, lse, scale_log2)
+        kernel(q, k, v, out, lse, scale_log2, sms)
     else:
         with torch.cuda.device(device):
-            kernel(q, k, v, out, lse, scale_log2)
+            kernel(q, k, v, out, lse, scale_log2, sms)

@@ -30,16 +30,21 @@ class Sm90ForwardConfig:
     causal: bool = False
     # Round-robin GEMM issue between consumer warpgroups (see pipelines.named_barriers).
     pingpong: bool = True
+    # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O then needs its own
+    # shared-memory buffer, so the next tile's Q can land while this tile's O is stored.
+    persistent: bool = False
 
     @property
     def tile_m(self) -> int:
         return self.consumer_warpgroups * ROWS_PER_CONSUMER_WARPGROUP
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """Q tile (reused for the O epilogue) plus the K and V rings, plus barriers."""
+        """Q tile, O tile (persistent only; otherwise O reuses Q's buffer), the K and V
+        rings, plus barriers."""
         q = self.tile_m * self.head_dim * elem_bytes
+        o = q if self.persistent else 0
         kv = 2 * self.kv_stages * self.tile_n * self.head_dim * elem_bytes
-        return q + kv + 1024
+        return q + o + kv + 1024
 
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):

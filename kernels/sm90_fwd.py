@@ -41,7 +41,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
-from ..pipelines.tile_scheduler import SingleTileScheduler
+from ..pipelines.tile_scheduler import TileScheduler
 from ..pipelines.tma_pipeline import (
     barrier_words,
     consumer_state,
@@ -101,7 +101,6 @@ class ConsumerOperands:
 
     tiled_mma_qk: cute.TiledMma
     tiled_mma_pv: cute.TiledMma
-    warpgroup: Int32
     tSrQ: cute.Tensor
     tSrK: cute.Tensor
     tOrVt: cute.Tensor
@@ -138,6 +137,7 @@ class Sm90ForwardKernel:
         mO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
         mLSE: Optional[cute.Tensor],  # (batch, heads, seqlen_q), float32; None: not written
         softmax_scale_log2: Float32,
+        max_ctas: Int32,  # persistent kernels launch at most this many CTAs (the SM count)
         stream: cuda.CUstream,
     ):
         # TMA tiles the first two modes: view the tensors as (seqlen, head_dim, heads, batch).
@@ -183,38 +183,50 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        @cute.struct
-        class SharedStorage:
-            q_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(1)]
-            k_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)]
-            v_barriers: cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)]
-            sQ: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], SMEM_ALIGN_BYTES
-            ]
-            sK: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], SMEM_ALIGN_BYTES
-            ]
-            sV: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], SMEM_ALIGN_BYTES
-            ]
-
-        grid = SingleTileScheduler.grid(
-            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
-            cute.size(mQ.shape[2]),
-            cute.size(mQ.shape[3]),
-        )
+        grid = self.scheduler(mQ).grid(max_ctas)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             softmax_scale_log2,
             sQ_layout, sK_layout, sV_layout,
             tiled_mma_qk, tiled_mma_pv,
-            SharedStorage,
+            self.shared_storage(sQ_layout, sK_layout, sV_layout),
         ).launch(
             grid=grid,
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+        )
+
+    def shared_storage(self, sQ_layout, sK_layout, sV_layout) -> Type:
+        """The kernel's shared memory: ring barriers, then Q, K, V (and O when persistent)."""
+        q_elems = cute.cosize(sQ_layout)
+
+        def buffer(elems: int):
+            return cute.struct.Align[cute.struct.MemRange[self.dtype, elems], SMEM_ALIGN_BYTES]
+
+        # Fields in address order; built as a dict because this module's annotations are
+        # strings (``from __future__ import annotations``) and cute.struct needs the types.
+        fields = {
+            "q_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(1)],
+            "k_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
+            "v_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
+            "sQ": buffer(q_elems),
+            "sK": buffer(cute.cosize(sK_layout)),
+            "sV": buffer(cute.cosize(sV_layout)),
+        }
+        if self.config.persistent:
+            fields["sO"] = buffer(q_elems)
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
+        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
+        return TileScheduler(
+            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
+            cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[3]),
+            persistent=self.config.persistent,
+            longest_first=self.causal,
         )
 
     # ---------------------------------------------------------------- device side
@@ -256,29 +268,99 @@ class Sm90ForwardKernel:
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
         )
+        # O goes out through Q's buffer unless persistent: each warpgroup overwrites only
+        # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
+        sO = rings.sQ
+        if cutlass.const_expr(self.config.persistent):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         finish_init()
 
-        m_block, head, batch = SingleTileScheduler(self.causal).tile()
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        tile = Tile(
+        scheduler = self.scheduler(mQ)
+        if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
+            cute.arch.setmaxregister_decrease(self.budget.producer)
+            if warp_idx == 0:
+                self.produce(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, scheduler)
+        else:
+            cute.arch.setmaxregister_increase(self.budget.consumer)
+            tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+            self.consume(
+                tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, tma_atom_O, scheduler,
+                mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
+            )
+
+    @cute.jit
+    def make_tile(self, scheduler: TileScheduler, index: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Tile:
+        m_block, head, batch = scheduler.tile(index)
+        return Tile(
             m_block=m_block, head=head, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             n_block_max=self.key_block_end(m_block, seqlen_q, seqlen_k),
         )
 
-        if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
-            cute.arch.setmaxregister_decrease(self.budget.producer)
-            if warp_idx == 0:
-                self.load(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile)
-        else:
-            cute.arch.setmaxregister_increase(self.budget.consumer)
-            tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
-            ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, tidx)
+    @cute.jit
+    def produce(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        rings: Rings,
+        scheduler: TileScheduler,
+    ):
+        """The producer warp: every tile's loads, in the order the consumers use them."""
+        q_state = producer_state(1)
+        kv_state = producer_state(self.stages)
+        index = scheduler.first()
+        while index < scheduler.num_tiles():
+            tile = self.make_tile(scheduler, index, mQ.shape[0], mK.shape[0])
+            if tile.n_block_max > 0:
+                q_state, kv_state = self.load(
+                    mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile, q_state, kv_state
+                )
+            index += scheduler.stride()
+
+    @cute.jit
+    def consume(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        rings: Rings,
+        sO: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        tma_atom_O: cute.CopyAtom,
+        scheduler: TileScheduler,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        softmax_scale_log2: Float32,
+        tidx: Int32,
+    ):
+        """A consumer thread: every tile's GEMMs, softmax and epilogue."""
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        pingpong = WarpgroupPingPong(warpgroup_idx, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
+        if cutlass.const_expr(self.pingpong):
+            # Once per CTA: each tile passes the turn as often as it waits for it, so the
+            # last warpgroup's final pass of one tile is the first turn of the next.
+            pingpong.start()
+        q_state = consumer_state(1)
+        kv_state = consumer_state(self.stages)
+        index = scheduler.first()
+        while index < scheduler.num_tiles():
+            tile = self.make_tile(scheduler, index, seqlen_q, seqlen_k)
+            ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, warpgroup_idx, tidx)
             lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
             # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
             lse.fill(-Float32.inf)
             if tile.n_block_max > 0:
-                self.mainloop(ops, rings, tile, lse, softmax_scale_log2, tidx)
-            self.epilogue(ops, lse, rings.sQ, mO, mLSE, tma_atom_O, tile, tidx)
+                q_state, kv_state = self.mainloop(
+                    ops, rings, tile, lse, softmax_scale_log2, pingpong, q_state, kv_state
+                )
+            self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+            index += scheduler.stride()
+        # Shared memory must outlive the TMA engine's reads of the last O tile.
+        if tidx == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ key ranges
     @cute.jit
@@ -319,7 +401,10 @@ class Sm90ForwardKernel:
         tma_atom_V: cute.CopyAtom,
         rings: Rings,
         tile: Tile,
+        q_state,
+        state,
     ):
+        """One tile's Q, K and V loads; returns the rings' states for the next tile."""
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
         tQsQ, tQgQ = self.tma_view(
             tma_atom_Q, rings.sQ, mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
@@ -328,32 +413,33 @@ class Sm90ForwardKernel:
         tVsV, tVgV = self.tma_view(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], self.tile_n, None)
         k_ring, v_ring = rings.k, rings.v
 
-        if tile.n_block_max > 0:
-            state = producer_state(self.stages)
-            # K of the first block goes out before Q: both are needed for the first GEMM,
-            # and K's ring is the one the loop keeps waiting on.
-            n_block = tile.n_block_max - 1
+        # K of the first block goes out before Q: both are needed for the first GEMM, and
+        # K's ring is the one the loop keeps waiting on.
+        n_block = tile.n_block_max - 1
+        k_ring.producer_acquire(state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
+                  tma_bar_ptr=k_ring.producer_get_barrier(state))
+        # Q's buffer is free once the consumers' last S GEMM of the previous tile is done.
+        rings.q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
+        q_state.advance()
+        # Steady state: K of the next block runs one block ahead of V, in the order the
+        # consumers use them (S_j is issued before P V_{j+1}).
+        for i in cutlass.range(tile.n_block_max - 1, unroll=1):
+            v_state = state.clone()
+            state.advance()
             k_ring.producer_acquire(state)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
+            cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
                       tma_bar_ptr=k_ring.producer_get_barrier(state))
-            q_state = producer_state(1)
-            rings.q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
-            # Steady state: K of the next block runs one block ahead of V, in the order the
-            # consumers use them (S_j is issued before P V_{j+1}).
-            for i in cutlass.range(tile.n_block_max - 1, unroll=1):
-                v_state = state.clone()
-                state.advance()
-                k_ring.producer_acquire(state)
-                cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
-                          tma_bar_ptr=k_ring.producer_get_barrier(state))
-                v_ring.producer_acquire(v_state)
-                cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, v_state.index],
-                          tma_bar_ptr=v_ring.producer_get_barrier(v_state))
-                n_block -= 1
-            v_ring.producer_acquire(state)
-            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
-                      tma_bar_ptr=v_ring.producer_get_barrier(state))
+            v_ring.producer_acquire(v_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, v_state.index],
+                      tma_bar_ptr=v_ring.producer_get_barrier(v_state))
+            n_block -= 1
+        v_ring.producer_acquire(state)
+        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
+                  tma_bar_ptr=v_ring.producer_get_barrier(state))
+        state.advance()
+        return q_state, state
 
     def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
         """(smem, gmem) partitions for a TMA copy of (rows, head_dim) tiles of ``gmem``.
@@ -368,9 +454,13 @@ class Sm90ForwardKernel:
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def consumer_operands(
-        self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, rings: Rings, tidx: Int32
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        rings: Rings,
+        warpgroup_idx: Int32,
+        tidx: Int32,
     ) -> ConsumerOperands:
-        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         # Each warpgroup's MMA slice: its 64 rows of Q and of S, O.
         wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
@@ -388,7 +478,6 @@ class Sm90ForwardKernel:
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
-            warpgroup=warpgroup_idx,
             tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ)),
             tSrK=wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK)),
             tOrVt=wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt)),
@@ -411,15 +500,14 @@ class Sm90ForwardKernel:
         tile: Tile,
         lse: cute.Tensor,
         softmax_scale_log2: Float32,
-        tidx: Int32,
+        pingpong: WarpgroupPingPong,
+        q_state,
+        state,
     ):
-        """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``."""
+        """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
+        Returns the Q and K/V rings' states for the next tile."""
         softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
-        pingpong = WarpgroupPingPong(ops.warpgroup, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
-        if cutlass.const_expr(self.pingpong):
-            pingpong.start()
-        rings.q.consumer_wait(consumer_state(1))
-        state = consumer_state(self.stages)
+        rings.q.consumer_wait(q_state)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
@@ -441,13 +529,17 @@ class Sm90ForwardKernel:
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
+        # Every S GEMM has completed: Q's buffer can take the next tile's Q.
+        rings.q.consumer_release(q_state)
+        q_state.advance()
         # The last block's P V.
         rings.v.consumer_wait(state)
         self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
         warpgroup.wait_group(0)
         rings.v.consumer_release(state)
-        rings.q.consumer_release(consumer_state(1))
+        state.advance()
         softmax.rescale(ops.acc_o, softmax.finalize(lse))
+        return q_state, state
 
     @cute.jit
     def step(
@@ -523,18 +615,20 @@ class Sm90ForwardKernel:
         self,
         ops: ConsumerOperands,
         lse: cute.Tensor,
-        sQ: cute.Tensor,
+        sO: cute.Tensor,
         mO: cute.Tensor,
         mLSE: Optional[cute.Tensor],
         tma_atom_O: cute.CopyAtom,
         tile: Tile,
         tidx: Int32,
     ):
-        # O is written into Q's buffer in Q's layout: each warpgroup overwrites only the 64
-        # rows of Q that it alone read, after its last GEMM on them has completed.
-        sO = sQ
         o = cute.make_rmem_tensor_like(ops.acc_o, self.dtype)
         o.store(ops.acc_o.load().to(self.dtype))
+        if cutlass.const_expr(self.config.persistent):
+            # sO may still be read by the TMA store of this CTA's previous tile.
+            if tidx == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         # stmatrix: each warp writes 8x8 tiles of 16-bit values straight from mma fragments.
         store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
         thr_store = cute.make_tiled_copy_C(store_atom, ops.tiled_mma_pv).get_slice(tidx)
@@ -554,7 +648,6 @@ class Sm90ForwardKernel:
             # Rows past seqlen_q are clipped by the TMA engine.
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def store_lse(self, lse: cute.Tensor, mLSE: cute.Tensor, ops: ConsumerOperands, tile: Tile, tidx: Int32):

@@ -43,10 +43,11 @@ def main() -> None:
     flash4.flash_attn_func(q, k, v)
     kernel = next(iter(_KERNELS.values()))
     scale_log2 = HEAD_DIM**-0.5 * LOG2_E
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     providers: dict[str, Callable[[], object]] = {
         "flash4": lambda: flash4.flash_attn_func(q, k, v),
         # The compiled kernel alone (TVM FFI call and launch): the floor under flash4's checks.
-        "flash4 compiled kernel only": lambda: kernel(q, k, v, out, None, scale_log2),
+        "flash4 compiled kernel only": lambda: kernel(q, k, v, out, None, scale_log2, sms),
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
     }
     try:

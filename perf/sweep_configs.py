@@ -21,9 +21,10 @@ from flash4.interface import LOG2_E
 TOKENS, HIDDEN = 16384, 2048
 
 CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(consumer_warpgroups=2), dict(consumer_warpgroups=3), dict(consumer_warpgroups=2, tile_n=192)],
-    128: [dict(), dict(tile_n=144), dict(tile_n=160), dict(tile_n=176)],
-    256: [dict(), dict(pingpong=True), dict(tile_n=64), dict(tile_n=64, pingpong=True)],
+    64: [dict(consumer_warpgroups=2), dict(consumer_warpgroups=3),
+         dict(consumer_warpgroups=2, persistent=True), dict(consumer_warpgroups=3, persistent=True)],
+    128: [dict(), dict(persistent=True)],
+    256: [dict(), dict(pingpong=True)],
 }
 
 
@@ -50,6 +51,7 @@ def main() -> None:
                     *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal
                 ).transpose(1, 2)
                 flops = attention_flops(batch, heads, seqlen, seqlen, head_dim, causal)
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
                 base = select("sm_90a", "bfloat16", head_dim, causal)
                 cells = []
                 for change in CANDIDATES[head_dim]:
@@ -57,7 +59,7 @@ def main() -> None:
                         config = dataclasses.replace(base.config, **change)
                         kernel = compiled_forward(dataclasses.replace(base, config=config))
                         scale = head_dim**-0.5 * LOG2_E
-                        ms = triton.testing.do_bench(lambda: kernel(q, k, v, out, lse, scale), return_mode="median")
+                        ms = triton.testing.do_bench(lambda: kernel(q, k, v, out, lse, scale, sms), return_mode="median")
                         # A fast wrong kernel is no candidate: show its distance to SDPA.
                         diff = (out - expected).abs().max().item()
                         cells.append(f"{change or 'base'}: {flops / ms / 1e9:.0f} (diff {diff:.1e})")

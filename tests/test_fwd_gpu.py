@@ -98,6 +98,36 @@ def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
 
 
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1000, 17), (17, 1000), (4096, 128)))
+def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen_q, seqlen_k):
+    # Both tile schedulers, whichever the selector picks: with 4 * 8 heads and up to 32 query
+    # blocks there are more tiles than SMs, so persistent CTAs loop over several tiles,
+    # including (causal, seqlen_q > seqlen_k) tiles that see no key at all.
+    import dataclasses
+
+    from flash4.compiler import compiled_forward
+    from flash4.dispatch import select
+    from flash4.interface import LOG2_E, device_sms
+
+    entry = select("sm_90a", "bfloat16", head_dim, causal)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, persistent=persistent))
+    seed = hash(("sched", head_dim, causal, persistent, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((4, 8, seqlen_q), math.nan, device="cuda")
+    scale = head_dim**-0.5
+    compiled_forward(entry)(q, k, v, out, lse, scale * LOG2_E, device_sms(0))
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and not lse.isnan().any(), "some output row was never written"
+    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
+    out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+    _check_lse(lse, lse_ref, lse_torch)
+
+
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
