@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import torch
 
@@ -34,9 +33,9 @@ MAX_HEAD_DIM = 256
 _LAYOUT = "(batch, seqlen, heads, head_dim)"
 
 
-@dataclass(frozen=True)
-class AttentionProblem:
-    """The sizes and options of one attention call, after validation."""
+class AttentionProblem(NamedTuple):
+    """The sizes and options of one attention call, after validation (immutable; a tuple
+    because it is built on every call and a tuple is the cheapest record to build)."""
 
     batch: int
     seqlen_q: int
@@ -55,7 +54,10 @@ class AttentionProblem:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+_DTYPE_NAMES = {dtype: str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES}
 
 
 def _check_tensors(q: object, k: object, v: object) -> None:
@@ -88,11 +90,8 @@ def _misaligned(tensor: torch.Tensor) -> bool:
     address is not a 16-byte multiple."""
     if tensor.data_ptr() % TMA_ALIGN_BYTES:
         return True
-    strides = tensor.stride()
-    if not (strides[0] | strides[1] | strides[2]) % TMA_ALIGN_ELEMENTS:
-        return False
     # A dim of size 1 is never stepped over, so its stride does not matter.
-    shape = tensor.shape
+    strides, shape = tensor.stride(), tensor.shape
     return any(strides[i] % TMA_ALIGN_ELEMENTS and shape[i] > 1 for i in range(3))
 
 
@@ -134,19 +133,25 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"in [{HEAD_DIM_MULTIPLE}, {MAX_HEAD_DIM}]"
         )
     tensors = (("q", q), ("k", k), ("v", v))
-    if not q.stride(3) == k.stride(3) == v.stride(3) == 1:
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    if not qs[3] == ks[3] == vs[3] == 1:
         name, tensor = next(t for t in tensors if t[1].stride(-1) != 1)
         raise ValueError(
             f"{name} has stride {tensor.stride(-1)} in its last dim (head_dim); "
             f"it must be contiguous there (stride 1): call {name}.contiguous()"
         )
-    if _misaligned(q) or _misaligned(k) or _misaligned(v):
-        name, tensor = next(t for t in tensors if _misaligned(t[1]))
-        raise ValueError(
-            f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
-            f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "
-            f"elements and a {TMA_ALIGN_BYTES}-byte aligned start: call {name}.contiguous()"
-        )
+    # All aligned (the usual case) is one test; otherwise look closer, since a dim of
+    # size 1 may have any stride.
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) % TMA_ALIGN_BYTES or (
+        qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]
+    ) % TMA_ALIGN_ELEMENTS:
+        for name, tensor in tensors:
+            if _misaligned(tensor):
+                raise ValueError(
+                    f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
+                    f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "
+                    f"elements and a {TMA_ALIGN_BYTES}-byte aligned start: call {name}.contiguous()"
+                )
 
 
 def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
@@ -189,19 +194,12 @@ def describe_attention(
     _check_tensors(q, k, v)
     _check_shapes(q, k, v)
     batch, seqlen_q, heads, head_dim = q.shape
+    _, seqlen_k, kv_heads, _ = k.shape
     scale = _resolve_softmax_scale(softmax_scale, head_dim)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     return AttentionProblem(
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=k.shape[1],
-        heads=heads,
-        kv_heads=k.shape[2],
-        head_dim=head_dim,
-        dtype=_dtype_name(q.dtype),
-        softmax_scale=scale,
-        causal=causal,
+        batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, _dtype_name(q.dtype), scale, causal
     )
 
 
@@ -210,5 +208,7 @@ def check_attention_args(
 ) -> AttentionProblem:
     """Validate an attention call's arguments; returns the problem or raises naming the argument."""
     problem = describe_attention(q, k, v, softmax_scale, causal)
-    check_devices({"q": q.device, "k": k.device, "v": v.device})
+    device = q.device
+    if not (device.type == "cuda" and device == k.device == v.device):
+        check_devices({"q": device, "k": k.device, "v": v.device})
     return problem

@@ -49,6 +49,7 @@ def main() -> None:
         "kernel call (same out)": lambda: kernel(q, k, v, out, None, 0.18, 132),
         "kernel call (fresh out)": lambda: kernel(q, k, v, torch.empty_like(q), None, 0.18, 132),
         "torch.empty_like alone": lambda: torch.empty_like(q),
+        "torch.empty_like contiguous": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
     }
     for name, fn in steps.items():
         print(f"{name:32s} {per_call_us(fn):7.2f} us", flush=True)
