@@ -226,6 +226,7 @@ class Sm90ForwardKernel:
             cute.size(mQ.shape[2]),
             cute.size(mQ.shape[3]),
             persistent=self.config.persistent,
+            causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
         )
 
@@ -289,8 +290,8 @@ class Sm90ForwardKernel:
             )
 
     @cute.jit
-    def make_tile(self, scheduler: TileScheduler, index: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Tile:
-        m_block, head, batch = scheduler.tile(index)
+    def make_tile(self, scheduler: TileScheduler, position: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Tile:
+        m_block, head, batch = scheduler.tile(position)
         return Tile(
             m_block=m_block, head=head, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
             n_block_max=self.key_block_end(m_block, seqlen_q, seqlen_k),
@@ -311,14 +312,15 @@ class Sm90ForwardKernel:
         """The producer warp: every tile's loads, in the order the consumers use them."""
         q_state = producer_state(1)
         kv_state = producer_state(self.stages)
-        index = scheduler.first()
-        while index < scheduler.num_tiles():
-            tile = self.make_tile(scheduler, index, mQ.shape[0], mK.shape[0])
-            if tile.n_block_max > 0:
-                q_state, kv_state = self.load(
-                    mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile, q_state, kv_state
-                )
-            index += scheduler.stride()
+        position = scheduler.first()
+        while position < scheduler.end():
+            if scheduler.valid(position):
+                tile = self.make_tile(scheduler, position, mQ.shape[0], mK.shape[0])
+                if tile.n_block_max > 0:
+                    q_state, kv_state = self.load(
+                        mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile, q_state, kv_state
+                    )
+            position = scheduler.next(position)
 
     @cute.jit
     def consume(
@@ -345,19 +347,20 @@ class Sm90ForwardKernel:
             pingpong.start()
         q_state = consumer_state(1)
         kv_state = consumer_state(self.stages)
-        index = scheduler.first()
-        while index < scheduler.num_tiles():
-            tile = self.make_tile(scheduler, index, seqlen_q, seqlen_k)
-            ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, warpgroup_idx, tidx)
-            lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
-            # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
-            lse.fill(-Float32.inf)
-            if tile.n_block_max > 0:
-                q_state, kv_state = self.mainloop(
-                    ops, rings, tile, lse, softmax_scale_log2, pingpong, q_state, kv_state
-                )
-            self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
-            index += scheduler.stride()
+        position = scheduler.first()
+        while position < scheduler.end():
+            if scheduler.valid(position):
+                tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
+                ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, warpgroup_idx, tidx)
+                lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
+                # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
+                lse.fill(-Float32.inf)
+                if tile.n_block_max > 0:
+                    q_state, kv_state = self.mainloop(
+                        ops, rings, tile, lse, softmax_scale_log2, pingpong, q_state, kv_state
+                    )
+                self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+            position = scheduler.next(position)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)

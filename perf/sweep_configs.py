@@ -21,10 +21,9 @@ from flash4.interface import LOG2_E
 TOKENS, HIDDEN = 16384, 2048
 
 CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(consumer_warpgroups=2), dict(consumer_warpgroups=3),
-         dict(consumer_warpgroups=2, persistent=True), dict(consumer_warpgroups=3, persistent=True)],
-    128: [dict(), dict(persistent=True)],
-    256: [dict(), dict(pingpong=True)],
+    64: [dict(consumer_warpgroups=w, persistent=p) for w in (2, 3) for p in (False, True)],
+    128: [dict(persistent=False), dict(persistent=True)],
+    256: [dict()],
 }
 
 

@@ -1,16 +1,20 @@
-"""Which (query block, head, batch) tiles a CTA works on.
+"""Which (query block, head, batch) tiles a CTA works on, and in which order.
 
 Tiles are numbered with the query block fastest, then head, then batch, so tiles that run
-at the same time mostly share one head's K and V in L2.
+at the same time mostly share one head's K and V in L2. A CTA walks *positions*; each
+position names one tile.
 
 - One tile per CTA: a grid of (query blocks, heads, batch); each CTA runs its loop once.
-- Persistent: ``min(tiles, max_ctas)`` CTAs, one per SM; CTA i takes tiles i, i + grid,
-  i + 2 grid, ... While one tile's epilogue runs, the producer already loads the next
-  tile's K and Q, hiding the fill latency that a fresh CTA pays at every tile.
+- Persistent: ``min(work, max_ctas)`` CTAs, one per SM, each looping over positions
+  i, i + grid, i + 2 grid, ... While one tile's epilogue runs, the producer already loads
+  the next tile's K and Q, hiding the fill latency a fresh CTA pays at every tile.
+- Persistent in causal pairs: query block m (m + 1 key blocks when seqlen_q = seqlen_k) is
+  paired with block num_m - 1 - m (num_m - m key blocks), so every pair costs the same
+  num_m + 1 blocks and a static round-robin over pairs stays balanced; unpaired causal
+  tiles differ in length up to num_m-fold, and a static split of them left SMs idle.
 
-With ``longest_first`` (causal), query blocks are taken from the last to the first: the
-last block's rows see the most keys, so the longest tiles start first and the short ones
-fill the tail.
+With ``longest_first`` (causal, one tile per CTA), query blocks are launched from the last
+to the first: the longest tiles start first and the short ones fill the tail.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ class TileScheduler:
         heads: Int32,
         batch: Int32,
         persistent: bool,
+        causal_pairs: bool,
         longest_first: bool,
     ):
+        if causal_pairs and not persistent:
+            raise ValueError("causal pairs are a persistent schedule")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
         self.persistent = persistent
+        self.causal_pairs = causal_pairs
         self.longest_first = longest_first
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
@@ -41,40 +49,80 @@ class TileScheduler:
         return [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        return TileScheduler(*(Int32(v) for v in values), self.persistent, self.longest_first)
+        return TileScheduler(
+            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first
+        )
 
-    def num_tiles(self) -> Int32:
+    def pairs_per_head(self) -> Int32:
+        return (self.num_m_blocks + 1) // 2
+
+    def work_units(self) -> Int32:
+        """What the CTAs share out: pairs of tiles, or tiles."""
+        if self.causal_pairs:
+            return self.pairs_per_head() * self.heads * self.batch
         return self.num_m_blocks * self.heads * self.batch
+
+    def end(self) -> Int32:
+        """One past the last position."""
+        if self.causal_pairs:
+            return 2 * self.work_units()
+        return self.work_units()
 
     def grid(self, max_ctas: Int32) -> tuple:
         if self.persistent:
-            return (cutlass.min(self.num_tiles(), max_ctas), 1, 1)
+            return (cutlass.min(self.work_units(), max_ctas), 1, 1)
         return (self.num_m_blocks, self.heads, self.batch)
 
     @cute.jit
     def first(self) -> Int32:
-        """This CTA's first tile index."""
+        """This CTA's first position."""
         bx, by, bz = cute.arch.block_idx()
-        index = bx
+        position = bx
+        if cutlass.const_expr(self.causal_pairs):
+            position = 2 * bx
         if cutlass.const_expr(not self.persistent):
-            index = bx + self.num_m_blocks * (by + self.heads * bz)
-        return index
+            position = bx + self.num_m_blocks * (by + self.heads * bz)
+        return position
 
     @cute.jit
-    def stride(self) -> Int32:
-        """Distance to this CTA's next tile: past the last tile when one tile per CTA."""
-        step = self.num_tiles()
+    def next(self, position: Int32) -> Int32:
+        """This CTA's position after ``position``; past ``end()`` for a one-tile CTA."""
+        following = position + self.end()
         if cutlass.const_expr(self.persistent):
-            step = cute.arch.grid_dim()[0]
-        return step
+            following = position + cute.arch.grid_dim()[0]
+        if cutlass.const_expr(self.causal_pairs):
+            # The second tile of this pair, then the first tile of this CTA's next pair.
+            following = position + 1
+            if position % 2 == 1:
+                following = position + 2 * cute.arch.grid_dim()[0] - 1
+        return following
 
     @cute.jit
-    def tile(self, index: Int32) -> tuple[Int32, Int32, Int32]:
-        """(query block, head, batch) of tile ``index``."""
-        m_block = index % self.num_m_blocks
-        rest = index // self.num_m_blocks
+    def valid(self, position: Int32) -> cutlass.Boolean:
+        """Whether ``position`` names a tile: with an odd number of query blocks, the middle
+        block is paired with itself and only its first position counts."""
+        ok = position < self.end()
+        if cutlass.const_expr(self.causal_pairs):
+            pair = (position // 2) % self.pairs_per_head()
+            ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.num_m_blocks)
+        return ok
+
+    @cute.jit
+    def tile(self, position: Int32) -> tuple[Int32, Int32, Int32]:
+        """(query block, head, batch) of the tile at ``position``."""
+        per_head = self.num_m_blocks
+        index = position
+        if cutlass.const_expr(self.causal_pairs):
+            per_head = self.pairs_per_head()
+            index = position // 2
+        m_block = index % per_head
+        rest = index // per_head
         head = rest % self.heads
         batch = rest // self.heads
-        if cutlass.const_expr(self.longest_first):
+        if cutlass.const_expr(self.causal_pairs):
+            # The long tile first, then its short mate.
+            if position % 2 == 0:
+                m_block = self.num_m_blocks - 1 - m_block
+        elif cutlass.const_expr(self.longest_first):
             m_block = self.num_m_blocks - 1 - m_block
         return m_block, head, batch

@@ -101,11 +101,14 @@ def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q
 @pytest.mark.parametrize("head_dim", (64, 128))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1000, 17), (17, 1000), (4096, 128)))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (1000, 17), (17, 1000), (4096, 128))
+)
 def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen_q, seqlen_k):
     # Both tile schedulers, whichever the selector picks: with 4 * 8 heads and up to 32 query
     # blocks there are more tiles than SMs, so persistent CTAs loop over several tiles,
-    # including (causal, seqlen_q > seqlen_k) tiles that see no key at all.
+    # including (causal, seqlen_q > seqlen_k) tiles that see no key at all; 1100 rows make an
+    # odd number of query blocks, whose middle one has no causal pair.
     import dataclasses
 
     from flash4.compiler import compiled_forward
