@@ -7,7 +7,7 @@ and what it supports; there is no fall-back to a slower path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from flash4.kernels.configs import Sm90ForwardConfig
@@ -17,31 +17,14 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 # Keys per KV block by head dim on sm_90: the widest block whose Q tile plus two-stage K/V
 # ring fits the 227 KiB of shared memory, and whose S accumulator fits the register budget.
 _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
-# Ping-pong of the consumer warpgroups pays where softmax is a large share of the time;
-# at head dim 256 the GEMMs dominate and the O accumulator leaves few spare registers.
-_SM90_PINGPONG_HEAD_DIMS = (64, 128)
-
-
-def _sm90_consumer_warpgroups(head_dim: int, causal: bool) -> int:
-    """Three 64-row warpgroups (192-row tiles) where the S and O accumulators are small
-    enough for 160 registers a thread: at head dim 64, 4-15% faster than 128-row tiles
-    without a mask on the H200 (perf/sweep_configs.py, 2026-11-29). Causal keeps two: its
-    short sequences lost 6-8% with three."""
-    return 3 if head_dim == 64 and not causal else 2
-
-
-def _sm90_persistent(head_dim: int, causal: bool) -> bool:
-    """One CTA per SM looping over tiles where it pays: without a mask at head dims 64 and 128
-    it gained 2-21% at seqlen 512-4096 on the H200 (d128 s512: 418 -> 506 TFLOP/s) and
-    stayed within 2% at 16k (perf/sweep_configs.py, 2026-11-29). Causal tiles differ in
-    length and the static round-robin order unbalances them (-3 to -30%); head dim 256 has
-    no shared memory left for the separate O buffer."""
-    return head_dim in (64, 128) and not causal
 
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """One row of the selector's table."""
+    """One row of the selector's table. A (dtype, head dim, causal) case may have several
+    rows for different query lengths: the row with the largest ``min_seqlen_q`` not above
+    the call's seqlen_q serves it. Each row is one compiled kernel, so shapes still never
+    recompile; they only choose between kernels."""
 
     arch: str
     dtype: str
@@ -49,28 +32,59 @@ class KernelEntry:
     causal: bool
     kernel: str
     config: Sm90ForwardConfig
+    min_seqlen_q: int = 1
+
+
+def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90ForwardConfig]]:
+    """(min_seqlen_q, config) rows per case, chosen with perf/sweep_configs.py on the H200
+    (2026-11-29; TFLOP/s at seqlen 512 / 1k / 2k / 4k / 16k, 16k tokens):
+
+    - Persistent (one CTA per SM looping over tiles; causal in balanced pairs of query
+      blocks) wherever the O buffer fits: d128 full 421/502/574/620/634 -> 495/549/591/616/
+      631, d128 causal 267/392/471/545/624 -> 335/436/522/561/610. Head dim 256 has no
+      shared memory left for the separate O buffer.
+    - Three 64-row consumer warpgroups (192-row tiles) at head dim 64, where the S and O
+      accumulators fit 160 registers a thread: full 340/380/410/422/434 -> 349/400/462/482/
+      525 (persistent). Causal short sequences prefer 128-row tiles (less diagonal waste,
+      more tiles to share out): 233/309/363 against 157/270/345, long ones 192 rows:
+      397/429 -> 422/475 at 4k/16k.
+    - Ping-pong of the consumer warpgroups where softmax is a large share of the time (not
+      at head dim 256, where the GEMMs dominate; it lost 5-9% there).
+    """
+    tile_n = _SM90_TILE_N[head_dim]
+    base = Sm90ForwardConfig(
+        head_dim=head_dim, tile_n=tile_n, causal=causal,
+        pingpong=head_dim != 256, persistent=head_dim != 256,
+    )
+    if head_dim != 64:
+        yield 1, base
+    elif not causal:
+        yield 1, replace(base, consumer_warpgroups=3)
+    else:
+        yield 1, base
+        yield 4096, replace(base, consumer_warpgroups=3)
 
 
 def _sm90_rows() -> Iterable[KernelEntry]:
     for dtype in SUPPORTED_DTYPES:
-        for head_dim, tile_n in _SM90_TILE_N.items():
+        for head_dim in _SM90_TILE_N:
             for causal in (False, True):
-                yield KernelEntry(
-                    arch="sm_90a",
-                    dtype=dtype,
-                    head_dim=head_dim,
-                    causal=causal,
-                    kernel="kernels.sm90_fwd.Sm90ForwardKernel",
-                    config=Sm90ForwardConfig(
-                        head_dim=head_dim, tile_n=tile_n, causal=causal,
-                        consumer_warpgroups=_sm90_consumer_warpgroups(head_dim, causal),
-                        pingpong=head_dim in _SM90_PINGPONG_HEAD_DIMS,
-                        persistent=_sm90_persistent(head_dim, causal),
-                    ),
-                )
+                for min_seqlen_q, config in _sm90_configs(head_dim, causal):
+                    yield KernelEntry(
+                        arch="sm_90a", dtype=dtype, head_dim=head_dim, causal=causal,
+                        kernel="kernels.sm90_fwd.Sm90ForwardKernel", config=config,
+                        min_seqlen_q=min_seqlen_q,
+                    )
 
 
 TABLE: tuple[KernelEntry, ...] = tuple(_sm90_rows())
+
+# (arch, dtype, head dim, causal) -> its rows, longest min_seqlen_q first: select() runs on
+# every call, so it is one dict lookup and a short scan.
+_CASES: dict[tuple[str, str, int, bool], tuple[KernelEntry, ...]] = {}
+for _row in sorted(TABLE, key=lambda row: -row.min_seqlen_q):
+    _key = (_row.arch, _row.dtype, _row.head_dim, _row.causal)
+    _CASES[_key] = _CASES.get(_key, ()) + (_row,)
 
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted({row.arch for row in TABLE}))
 
@@ -87,17 +101,17 @@ def arch_of_capability(major: int, minor: int) -> str:
     return f"sm_{major}{minor}{suffix}"
 
 
-def select(arch: str, dtype: str, head_dim: int, causal: bool) -> KernelEntry:
+def select(arch: str, dtype: str, head_dim: int, causal: bool, seqlen_q: int = 1) -> KernelEntry:
     """The table's row for this problem, or an error naming what is supported."""
+    for row in _CASES.get((arch, dtype, head_dim, causal), ()):
+        if seqlen_q >= row.min_seqlen_q:
+            return row
     rows = [row for row in TABLE if row.arch == arch]
     if not rows:
         raise UnsupportedProblemError(
             f"flash4 has no kernels for architecture {arch}; supported: "
             f"{', '.join(SUPPORTED_ARCHS)} (Hopper: H100/H200)"
         )
-    for row in rows:
-        if (row.dtype, row.head_dim, row.causal) == (dtype, head_dim, causal):
-            return row
     dims = sorted({row.head_dim for row in rows if row.dtype == dtype})
     if not dims:
         dtypes = sorted({row.dtype for row in rows})
@@ -112,12 +126,13 @@ def format_table(arch: str | None = None) -> str:
     rows = [row for row in TABLE if arch is None or row.arch == arch]
     if not rows:
         return f"no kernels for {arch}; supported: {', '.join(SUPPORTED_ARCHS)}"
-    header = ("arch", "dtype", "head_dim", "causal", "kernel", "tile_m x tile_n", "kv_stages", "persistent")
+    header = ("arch", "dtype", "head_dim", "causal", "seqlen_q >=", "kernel", "tile_m x tile_n",
+              "kv_stages", "persistent")
     lines = [header]
     for row in rows:
         c = row.config
         lines.append(
-            (row.arch, row.dtype, str(row.head_dim), str(row.causal), row.kernel,
+            (row.arch, row.dtype, str(row.head_dim), str(row.causal), str(row.min_seqlen_q), row.kernel,
              f"{c.tile_m} x {c.tile_n}", str(c.kv_stages), str(c.persistent))
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

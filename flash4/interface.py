@@ -15,10 +15,10 @@ from flash4.dispatch import arch_of_capability, select
 # exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
 LOG2_E = math.log2(math.e)
 
-# (device index, dtype, head dim, causal, writes LSE) -> compiled kernel. Everything in the
-# key is static, so shapes and scales never recompile; one dict lookup per call keeps the
-# host cost of small calls low (the selector scan and dataclass hashing are not free).
-_KERNELS: dict[tuple[int, str, int, bool, bool], Callable[..., Any]] = {}
+# (device index, dtype, head dim, causal, row's min_seqlen_q, writes LSE) -> compiled kernel.
+# Everything in the key is static, so shapes and scales never recompile; plain values keep
+# the lookup cheap (hashing the nested dataclasses of a row is not).
+_KERNELS: dict[tuple[int, str, int, bool, int, bool], Callable[..., Any]] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,10 +98,12 @@ def flash_attn_forward_into(
 
 
 def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:
-    key = (device_index, problem.dtype, problem.head_dim, problem.causal, with_lse)
+    entry = select(
+        device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q
+    )
+    key = (device_index, problem.dtype, problem.head_dim, problem.causal, entry.min_seqlen_q, with_lse)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        entry = select(device_arch(device_index), problem.dtype, problem.head_dim, problem.causal)
         kernel = _KERNELS[key] = compiled_forward(entry, with_lse)
     return kernel
 

@@ -281,6 +281,20 @@ def test_select_finds_the_matching_row(head_dim, dtype, causal):
     assert (row.config.head_dim, row.config.causal) == (head_dim, causal)
 
 
+def test_select_by_query_length_and_every_case_starts_at_one():
+    cases = {(r.arch, r.dtype, r.head_dim, r.causal) for r in dispatch.TABLE}
+    keys = [(r.arch, r.dtype, r.head_dim, r.causal, r.min_seqlen_q) for r in dispatch.TABLE]
+    assert len(keys) == len(set(keys)), "two rows claim the same case and query length"
+    for arch, dtype, head_dim, causal in cases:
+        assert dispatch.select(arch, dtype, head_dim, causal, seqlen_q=1).min_seqlen_q == 1
+    long_rows = [r for r in dispatch.TABLE if r.min_seqlen_q > 1]
+    assert long_rows, "the table has no query-length split to test"
+    for row in long_rows:
+        key = (row.arch, row.dtype, row.head_dim, row.causal)
+        assert dispatch.select(*key, seqlen_q=row.min_seqlen_q) is row
+        assert dispatch.select(*key, seqlen_q=row.min_seqlen_q - 1) is not row
+
+
 @pytest.mark.parametrize(
     "capability,arch",
     [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((8, 0), "sm_80"), ((8, 9), "sm_89"),

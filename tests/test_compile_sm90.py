@@ -15,7 +15,8 @@ SM90_ROWS = [row for row in TABLE if row.arch == "sm_90a"]
 
 
 @pytest.mark.parametrize(
-    "entry", SM90_ROWS, ids=[f"{r.dtype}-d{r.head_dim}-{'causal' if r.causal else 'full'}" for r in SM90_ROWS]
+    "entry", SM90_ROWS,
+    ids=[f"{r.dtype}-d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in SM90_ROWS],
 )
 def test_kernel_compiles_with_hopper_instructions(entry):
     report = compile_entry(entry, arch="sm_90a")
