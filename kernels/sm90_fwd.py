@@ -1,16 +1,19 @@
 """Hopper (sm_90a) forward attention: O = softmax(scale * Q K^T + mask) V, and its LSE.
 
-One CTA computes one tile of ``tile_m`` query rows of one head (of one batch entry).
+A tile is ``tile_m`` query rows of one head (of one batch entry). A CTA computes one tile,
+or, when persistent, loops over tiles (pipelines/tile_scheduler.py): the rings' states and
+the ping-pong turn carry over from tile to tile, so the producer loads the next tile's K
+and Q while the consumers still finish the current one.
 
 Warp roles
-  warpgroup 0, warp 0   producer: TMA loads of Q (once), then K and V blocks into rings,
+  warpgroup 0, warp 0   producer: per tile, TMA loads of Q, then K and V blocks into rings,
                         from the last key block to the first. Gives registers away.
   warpgroups 1..W       consumers, 64 query rows each: S = Q K^T (wgmma, both operands in
                         shared memory), masking, online softmax, O += P V (wgmma, P from
                         registers), then the epilogue.
 
 Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per warpgroup)
-  Q ring   1 stage           TMA thread -> all consumer warps
+  Q ring   1 stage           TMA thread -> all consumer warps; freed after a tile's last S
   K ring   kv_stages         TMA thread -> all consumer warps
   V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
 Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem).
@@ -19,7 +22,8 @@ Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
   S = Q K[n_max-1]; mask; softmax -> P
   for each further block j:   issue S_j = Q K_j;  issue O += P V[j+1];  wait S_j
                               mask (if needed); softmax S_j;  wait P V;  rescale O;  P = P_j
-  O += P V[n_min];  O *= 1/l;  O -> smem (reusing Q's buffer) -> TMA store;  LSE -> global
+  O += P V[n_min];  O *= 1/l;  O -> smem (Q's buffer; its own when persistent) -> TMA
+  store;  LSE -> global (only in the variant compiled with an LSE tensor)
 Issuing the next S GEMM before the softmax of the current block keeps the tensor cores
 busy while the CUDA cores do the exponentials; ping-pong does the same across warpgroups.
 
