@@ -33,9 +33,6 @@ class Sm90ForwardConfig:
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O then needs its own
     # shared-memory buffer, so the next tile's Q can land while this tile's O is stored.
     persistent: bool = False
-    # Causal, one tile per CTA: order the longest tiles first across all heads whose K and V
-    # fit in L2 together, not one head at a time (see pipelines.tile_scheduler).
-    l2_head_groups: bool = True
 
     @property
     def tile_m(self) -> int:

@@ -23,7 +23,9 @@ TOKENS, HIDDEN = 16384, 2048
 CANDIDATES: dict[int, list[dict]] = {
     64: [dict(consumer_warpgroups=w, persistent=p) for w in (2, 3) for p in (False, True)],
     128: [dict(persistent=False), dict(persistent=True)],
-    256: [dict(), dict(l2_head_groups=False)],
+    # Persistent needs a separate O buffer: at head dim 256 it fits only with one K/V stage.
+    256: [dict(), dict(persistent=True, kv_stages=1), dict(persistent=True, kv_stages=1, tile_n=64),
+          dict(persistent=True, kv_stages=1, tile_n=96)],
 }
 
 

@@ -102,15 +102,13 @@ def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
 @pytest.mark.parametrize(
-    "seqlen_q,seqlen_k",
-    ((1000, 1000), (1100, 1100), (1100, 700), (1000, 17), (17, 1000), (4096, 128), (512, 4096)),
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (1000, 17), (17, 1000), (4096, 128))
 )
 def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen_q, seqlen_k):
     # Both tile schedulers, whichever the selector picks: with 4 * 8 heads and up to 32 query
     # blocks there are more tiles than SMs, so persistent CTAs loop over several tiles,
     # including (causal, seqlen_q > seqlen_k) tiles that see no key at all; 1100 rows make an
-    # odd number of query blocks, whose middle one has no causal pair; at 4096 keys the 32
-    # heads of head dim 128 split into two L2 groups of 20 and 12 (causal, one tile per CTA).
+    # odd number of query blocks, whose middle one has no causal pair.
     import dataclasses
 
     from flash4.compiler import compiled_forward
