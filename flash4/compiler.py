@@ -13,6 +13,7 @@ import contextlib
 import functools
 import io
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -116,10 +117,15 @@ def compile_entry(entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = Tru
     remarks = io.StringIO()
     # The DSL prints ptxas's remarks (registers, spills, serialisation) as Python warnings
     # text on stderr; they are read back here instead of shown.
-    with contextlib.redirect_stderr(remarks):
-        compiled = _compile(entry, f"--gpu-arch={arch}", "--keep-ptx", "remarks{ptx}", with_lse=with_lse)
+    # The DSL writes the kept PTX to a file; a scratch folder keeps it out of the caller's
+    # working directory.
+    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(remarks):
+        compiled = _compile(
+            entry, f"--gpu-arch={arch}", "--keep-ptx", f"--dump-dir={scratch}", "remarks{ptx}",
+            with_lse=with_lse,
+        )
+        ptx = compiled.__ptx__ or ""
     seconds = time.perf_counter() - start
-    ptx = compiled.__ptx__ or ""
     log = remarks.getvalue()
     registers = _PTXAS_REGISTERS.search(log)
     return CompileReport(

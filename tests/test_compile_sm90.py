@@ -37,10 +37,12 @@ def test_kernel_compiles_with_hopper_instructions(entry):
 
 
 @pytest.mark.parametrize("entry", SM90_ROWS[:2], ids=["full", "causal"])
-def test_variant_without_lse_stores_nothing_but_o(entry):
+def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
     # O leaves through TMA; the only plain global stores are LSE's, one per row.
+    monkeypatch.chdir(tmp_path)
     with_lse = compile_entry(entry, arch="sm_90a")
     without = compile_entry(entry, arch="sm_90a", with_lse=False)
+    assert not list(tmp_path.iterdir()), "compiling must not leave PTX dumps in the working directory"
     assert with_lse.ptx.count("st.global") > 0
     assert without.ptx.count("st.global") == 0
     assert without.instructions["cp.async.bulk.tensor"] == with_lse.instructions["cp.async.bulk.tensor"]
