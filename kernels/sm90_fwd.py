@@ -88,6 +88,18 @@ class Rings:
 
 
 @dataclass(frozen=True)
+class Loads:
+    """What the producer reads: the TMA views of Q, K and V and their copy atoms."""
+
+    mQ: cute.Tensor
+    mK: cute.Tensor
+    mV: cute.Tensor
+    atom_q: cute.CopyAtom
+    atom_k: cute.CopyAtom
+    atom_v: cute.CopyAtom
+
+
+@dataclass(frozen=True)
 class Tile:
     """This CTA's work: one query block of one head, and how many key blocks it sees."""
 
@@ -284,7 +296,8 @@ class Sm90ForwardKernel:
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                self.produce(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, scheduler)
+                loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V)
+                self.produce(loads, rings, scheduler)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -302,28 +315,16 @@ class Sm90ForwardKernel:
         )
 
     @cute.jit
-    def produce(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        tma_atom_Q: cute.CopyAtom,
-        tma_atom_K: cute.CopyAtom,
-        tma_atom_V: cute.CopyAtom,
-        rings: Rings,
-        scheduler: TileScheduler,
-    ):
+    def produce(self, loads: Loads, rings: Rings, scheduler: TileScheduler):
         """The producer warp: every tile's loads, in the order the consumers use them."""
         q_state = producer_state(1)
         kv_state = producer_state(self.stages)
         position = scheduler.first()
         while position < scheduler.end():
             if scheduler.valid(position):
-                tile = self.make_tile(scheduler, position, mQ.shape[0], mK.shape[0])
+                tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
                 if tile.n_block_max > 0:
-                    q_state, kv_state = self.load(
-                        mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, rings, tile, q_state, kv_state
-                    )
+                    q_state, kv_state = self.load(loads, rings, tile, q_state, kv_state)
             position = scheduler.next(position)
 
     @cute.jit
@@ -398,20 +399,10 @@ class Sm90ForwardKernel:
 
     # ------------------------------------------------------------------ producer
     @cute.jit
-    def load(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        tma_atom_Q: cute.CopyAtom,
-        tma_atom_K: cute.CopyAtom,
-        tma_atom_V: cute.CopyAtom,
-        rings: Rings,
-        tile: Tile,
-        q_state,
-        state,
-    ):
+    def load(self, loads: Loads, rings: Rings, tile: Tile, q_state, state):
         """One tile's Q, K and V loads; returns the rings' states for the next tile."""
+        mQ, mK, mV = loads.mQ, loads.mK, loads.mV
+        tma_atom_Q, tma_atom_K, tma_atom_V = loads.atom_q, loads.atom_k, loads.atom_v
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
         tQsQ, tQgQ = self.tma_view(
             tma_atom_Q, rings.sQ, mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
