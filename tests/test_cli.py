@@ -7,12 +7,12 @@ import json
 import subprocess
 import sys
 import types
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from flash4 import bench, cli, dispatch
+from flash4.compiler import CompileReport
 
 
 @pytest.fixture
@@ -118,26 +118,16 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
     assert "1.500" in row and "error" in row
 
 
-@dataclass(frozen=True)
-class _FakeReport:
-    seconds: float
-    instructions: dict[str, int]
-    ptx: str
-    registers: int = 168
-    spill_bytes: int = 0
-    serialized_wgmma: int = 0
-
-
 def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
     """Install a fake flash4.compiler; entry number i lacks instruction missing[i]."""
     calls: list[tuple[object, str]] = []
 
-    def compile_entry(entry: dispatch.KernelEntry, arch: str = "sm_90a") -> _FakeReport:
+    def compile_entry(entry: dispatch.KernelEntry, arch: str = "sm_90a") -> CompileReport:
         calls.append((entry, arch))
         counts = {name: 7 for name in bench.REQUIRED_INSTRUCTIONS}
         if missing and len(calls) - 1 in missing:
             counts[missing[len(calls) - 1]] = 0
-        return _FakeReport(seconds=1.5, instructions=counts, ptx="")
+        return CompileReport(seconds=1.5, instructions=counts, ptx="", registers=168)
 
     module = types.ModuleType("flash4.compiler")
     module.compile_entry = compile_entry  # type: ignore[attr-defined]
