@@ -33,6 +33,10 @@ class Sm90ForwardConfig:
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O then needs its own
     # shared-memory buffer, so the next tile's Q can land while this tile's O is stored.
     persistent: bool = False
+    # Scale O by a block's softmax factor just before the next P V GEMM, while that block's
+    # S GEMM runs, instead of right after the softmax (flash-attn-4 does so above head
+    # dim 128, where O is 128 registers a thread). Not yet measured here: off in the table.
+    rescale_o_before_pv: bool = False
 
     @property
     def tile_m(self) -> int:

@@ -21,11 +21,9 @@ from flash4.interface import LOG2_E
 TOKENS, HIDDEN = 16384, 2048
 
 CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(consumer_warpgroups=w, persistent=p) for w in (2, 3) for p in (False, True)],
-    128: [dict(persistent=False), dict(persistent=True)],
-    # Persistent needs a separate O buffer: at head dim 256 it fits only with one K/V stage.
-    256: [dict(), dict(persistent=True, kv_stages=1), dict(persistent=True, kv_stages=1, tile_n=64),
-          dict(persistent=True, kv_stages=1, tile_n=96)],
+    64: [dict(), dict(rescale_o_before_pv=True)],
+    128: [dict(), dict(rescale_o_before_pv=True)],
+    256: [dict(), dict(rescale_o_before_pv=True)],
 }
 
 
@@ -53,7 +51,7 @@ def main() -> None:
                 ).transpose(1, 2)
                 flops = attention_flops(batch, heads, seqlen, seqlen, head_dim, causal)
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
-                base = select("sm_90a", "bfloat16", head_dim, causal)
+                base = select("sm_90a", "bfloat16", head_dim, causal, seqlen)
                 cells = []
                 for change in CANDIDATES[head_dim]:
                     try:

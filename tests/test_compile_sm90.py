@@ -46,3 +46,16 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
     assert with_lse.ptx.count("st.global") > 0
     assert without.ptx.count("st.global") == 0
     assert without.instructions["cp.async.bulk.tensor"] == with_lse.instructions["cp.async.bulk.tensor"]
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+def test_rescale_o_before_pv_candidate_compiles_clean(head_dim):
+    # A sweep candidate outside the table must meet the table's bar before it is timed.
+    import dataclasses
+
+    from flash4.dispatch import select
+
+    entry = select("sm_90a", "bfloat16", head_dim, True)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_o_before_pv=True))
+    report = compile_entry(entry, arch="sm_90a")
+    assert report.registers > 0 and report.spill_bytes == 0 and report.serialized_wgmma == 0

@@ -98,26 +98,18 @@ def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (1000, 17), (17, 1000), (4096, 128))
-)
-def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen_q, seqlen_k):
-    # Both tile schedulers, whichever the selector picks: with 4 * 8 heads and up to 32 query
-    # blocks there are more tiles than SMs, so persistent CTAs loop over several tiles,
-    # including (causal, seqlen_q > seqlen_k) tiles that see no key at all; 1100 rows make an
-    # odd number of query blocks, whose middle one has no causal pair.
+def _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, **changes):
+    """The table's bf16 kernel for this case with ``changes`` to its config, against the
+    reference, on 4 batch entries of 8 query heads and 2 kv heads."""
     import dataclasses
 
     from flash4.compiler import compiled_forward
     from flash4.dispatch import select
     from flash4.interface import LOG2_E, device_sms
 
-    entry = select("sm_90a", "bfloat16", head_dim, causal)
-    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, persistent=persistent))
-    seed = hash(("sched", head_dim, causal, persistent, seqlen_q, seqlen_k)) % 2**31
+    entry = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
+    seed = hash(("variant", head_dim, causal, seqlen_q, seqlen_k, tuple(sorted(changes.items())))) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     out = torch.full_like(q, math.nan)
     lse = torch.full((4, 8, seqlen_q), math.nan, device="cuda")
@@ -129,6 +121,28 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
     _check_lse(lse, lse_ref, lse_torch)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (1000, 17), (17, 1000), (4096, 128))
+)
+def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen_q, seqlen_k):
+    # Both tile schedulers, whichever the selector picks: with 4 * 8 heads and up to 32 query
+    # blocks there are more tiles than SMs, so persistent CTAs loop over several tiles,
+    # including (causal, seqlen_q > seqlen_k) tiles that see no key at all; 1100 rows make an
+    # odd number of query blocks, whose middle one has no causal pair.
+    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (17, 1000), (1000, 17)))
+def test_rescale_o_before_pv_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
+    # The candidate that moves O's rescale under the S GEMM (not in the table yet).
+    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, rescale_o_before_pv=True)
 
 
 def test_shapes_and_scales_never_recompile(monkeypatch):
