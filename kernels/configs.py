@@ -14,6 +14,8 @@ THREADS_PER_WARPGROUP = 128
 ROWS_PER_CONSUMER_WARPGROUP = 64
 # Usable shared memory per CTA on sm_90 (228 KiB minus the 1 KiB the driver reserves).
 SM90_SMEM_BYTES = 227 * 1024
+# Room reserved for the rings' mbarriers ahead of the 1 KiB-aligned tiles.
+BARRIER_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,9 @@ class Sm90ForwardConfig:
     causal: bool = False
     # Round-robin GEMM issue between consumer warpgroups (see pipelines.named_barriers).
     pingpong: bool = True
-    # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O then needs its own
-    # shared-memory buffer, so the next tile's Q can land while this tile's O is stored.
+    # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
+    # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
+    # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
     # Scale O by a block's softmax factor just before the next P V GEMM, while that block's
     # S GEMM runs, instead of right after the softmax (flash-attn-4 does so above head
@@ -42,13 +45,25 @@ class Sm90ForwardConfig:
     def tile_m(self) -> int:
         return self.consumer_warpgroups * ROWS_PER_CONSUMER_WARPGROUP
 
+    @property
+    def o_in_q_buffer(self) -> bool:
+        """Whether O is staged for its TMA store in Q's shared-memory buffer.
+
+        One tile per CTA: always, since Q is dead by then. Persistent: only when a buffer of
+        its own does not fit (head dim 256); the next tile's Q load then waits until the
+        TMA engine has read this tile's O.
+        """
+        return not self.persistent or self._smem_bytes(own_o_buffer=True) > SM90_SMEM_BYTES
+
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """Q tile, O tile (persistent only; otherwise O reuses Q's buffer), the K and V
-        rings, plus barriers."""
+        """Q tile, O tile (unless O is staged in Q's buffer), the K and V rings, barriers."""
+        return self._smem_bytes(not self.o_in_q_buffer, elem_bytes)
+
+    def _smem_bytes(self, own_o_buffer: bool, elem_bytes: int = 2) -> int:
         q = self.tile_m * self.head_dim * elem_bytes
-        o = q if self.persistent else 0
+        o = q if own_o_buffer else 0
         kv = 2 * self.kv_stages * self.tile_n * self.head_dim * elem_bytes
-        return q + o + kv + 1024
+        return q + o + kv + BARRIER_BYTES
 
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):

@@ -29,9 +29,12 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
     @cute.jit
-    def update(self, acc_s: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+    def update(
+        self, acc_s: cute.Tensor, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+    ) -> cute.Tensor:
         """Turn scores into unnormalised probabilities in place; return each row's factor
-        ``exp2((m_old - m_new) * scale_log2)`` for rescaling O."""
+        ``exp2((m_old - m_new) * scale_log2)`` for rescaling O. Only a ``masked`` block can
+        leave a row with no finite score."""
         s = acc_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
@@ -44,7 +47,9 @@ class OnlineSoftmax:
             self.row_max[r] = m_new
             # A row that has seen only masked keys has max -inf; subtracting 0 instead keeps
             # exp2(-inf) = 0 rather than exp2(-inf + inf) = NaN.
-            m_safe = 0.0 if m_new == -Float32.inf else m_new
+            m_safe = m_new
+            if cutlass.const_expr(masked):
+                m_safe = 0.0 if m_new == -Float32.inf else m_new
             p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
             s[r, None].store(p)
             partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)

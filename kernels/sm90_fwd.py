@@ -14,6 +14,8 @@ Warp roles
 
 Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per warpgroup)
   Q ring   1 stage           TMA thread -> all consumer warps; freed after a tile's last S
+                             GEMM, or, when a persistent kernel stages O in Q's buffer
+                             (head dim 256), by the storing thread once O is read
   K ring   kv_stages         TMA thread -> all consumer warps
   V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
 Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem).
@@ -22,7 +24,7 @@ Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
   S = Q K[n_max-1]; mask; softmax -> P
   for each further block j:   issue S_j = Q K_j;  issue O += P V[j+1];  wait S_j
                               mask (if needed); softmax S_j;  wait P V;  rescale O;  P = P_j
-  O += P V[n_min];  O *= 1/l;  O -> smem (Q's buffer; its own when persistent) -> TMA
+  O += P V[n_min];  O *= 1/l;  O -> smem (its own buffer where it fits, else Q's) -> TMA
   store;  LSE -> global (only in the variant compiled with an LSE tensor)
 Issuing the next S GEMM before the softmax of the current block keeps the tensor cores
 busy while the CUDA cores do the exponentials; ping-pong does the same across warpgroups.
@@ -142,6 +144,9 @@ class Sm90ForwardKernel:
         self.consumer_threads = self.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(self.consumer_warpgroups)
         self.pingpong = config.pingpong
+        # Q's buffer is given back once nothing reads it any more: after the tile's last S
+        # GEMM, or, when a persistent kernel stages O in it, after the TMA store has read O.
+        self.q_freed_by_store = config.persistent and config.o_in_q_buffer
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -231,7 +236,7 @@ class Sm90ForwardKernel:
             "sK": buffer(cute.cosize(sK_layout)),
             "sV": buffer(cute.cosize(sV_layout)),
         }
-        if self.config.persistent:
+        if not self.config.o_in_q_buffer:
             fields["sO"] = buffer(q_elems)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
@@ -273,8 +278,10 @@ class Sm90ForwardKernel:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        # When the store frees Q's buffer, the one thread that issues the store releases it.
+        q_releasers = THREADS_PER_WARP if self.q_freed_by_store else self.consumer_threads
         rings = Rings(
-            q=make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, self.consumer_threads),
+            q=make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, q_releasers),
             k=make_tma_ring(
                 storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
             ),
@@ -285,10 +292,10 @@ class Sm90ForwardKernel:
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
         )
-        # O goes out through Q's buffer unless persistent: each warpgroup overwrites only
+        # O goes out through Q's buffer unless it has its own: each warpgroup overwrites only
         # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
         sO = rings.sQ
-        if cutlass.const_expr(self.config.persistent):
+        if cutlass.const_expr(not self.config.o_in_q_buffer):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         finish_init()
 
@@ -325,6 +332,10 @@ class Sm90ForwardKernel:
                 tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
                 if tile.n_block_max > 0:
                     q_state, kv_state = self.load(loads, rings, tile, q_state, kv_state)
+                elif cutlass.const_expr(self.q_freed_by_store):
+                    # A tile that sees no key still stores O (zeros) through Q's buffer, so
+                    # it claims the buffer like any other tile: by loading its Q.
+                    q_state = self.load_q(loads, rings, tile, q_state)
             position = scheduler.next(position)
 
     @cute.jit
@@ -364,7 +375,14 @@ class Sm90ForwardKernel:
                     q_state, kv_state = self.mainloop(
                         ops, rings, tile, lse, softmax_scale_log2, pingpong, q_state, kv_state
                     )
+                elif cutlass.const_expr(self.q_freed_by_store):
+                    rings.q.consumer_wait(q_state)
                 self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+                if cutlass.const_expr(self.q_freed_by_store):
+                    if tidx == 0:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        rings.q.consumer_release(q_state)
+                    q_state.advance()
             position = scheduler.next(position)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if tidx == 0:
@@ -402,11 +420,8 @@ class Sm90ForwardKernel:
     def load(self, loads: Loads, rings: Rings, tile: Tile, q_state, state):
         """One tile's Q, K and V loads; returns the rings' states for the next tile."""
         mQ, mK, mV = loads.mQ, loads.mK, loads.mV
-        tma_atom_Q, tma_atom_K, tma_atom_V = loads.atom_q, loads.atom_k, loads.atom_v
+        tma_atom_K, tma_atom_V = loads.atom_k, loads.atom_v
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
-        tQsQ, tQgQ = self.tma_view(
-            tma_atom_Q, rings.sQ, mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
-        )
         tKsK, tKgK = self.tma_view(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], self.tile_n, None)
         tVsV, tVgV = self.tma_view(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], self.tile_n, None)
         k_ring, v_ring = rings.k, rings.v
@@ -417,10 +432,7 @@ class Sm90ForwardKernel:
         k_ring.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
                   tma_bar_ptr=k_ring.producer_get_barrier(state))
-        # Q's buffer is free once the consumers' last S GEMM of the previous tile is done.
-        rings.q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
-        q_state.advance()
+        q_state = self.load_q(loads, rings, tile, q_state)
         # Steady state: K of the next block runs one block ahead of V, in the order the
         # consumers use them (S_j is issued before P V_{j+1}).
         for i in cutlass.range(tile.n_block_max - 1, unroll=1):
@@ -438,6 +450,18 @@ class Sm90ForwardKernel:
                   tma_bar_ptr=v_ring.producer_get_barrier(state))
         state.advance()
         return q_state, state
+
+    @cute.jit
+    def load_q(self, loads: Loads, rings: Rings, tile: Tile, q_state):
+        """The tile's Q, once the consumers have given the buffer back (see
+        ``q_freed_by_store``); returns the Q ring's next state."""
+        tQsQ, tQgQ = self.tma_view(
+            loads.atom_q, rings.sQ, loads.mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
+        )
+        rings.q.producer_acquire(q_state)
+        cute.copy(loads.atom_q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
+        q_state.advance()
+        return q_state
 
     def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
         """(smem, gmem) partitions for a TMA copy of (rows, head_dim) tiles of ``gmem``.
@@ -517,7 +541,7 @@ class Sm90ForwardKernel:
         self.mask(acc_s, ops, tile, n_block)
         # O's rescale factor from the latest softmax, when it is applied late (see step).
         pending_scale = cute.make_rmem_tensor(cute.size(lse), Float32)
-        pending_scale.store(softmax.update(acc_s, is_first=True).load())
+        pending_scale.store(softmax.update(acc_s, is_first=True, masked=True).load())
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
@@ -529,9 +553,10 @@ class Sm90ForwardKernel:
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pending_scale, pingpong, tile, n_block, False)
 
-        # Every S GEMM has completed: Q's buffer can take the next tile's Q.
-        rings.q.consumer_release(q_state)
-        q_state.advance()
+        if cutlass.const_expr(not self.q_freed_by_store):
+            # Every S GEMM has completed: Q's buffer can take the next tile's Q.
+            rings.q.consumer_release(q_state)
+            q_state.advance()
         # The last block's P V.
         if cutlass.const_expr(self.config.rescale_o_before_pv):
             softmax.rescale(ops.acc_o, pending_scale)
@@ -577,7 +602,7 @@ class Sm90ForwardKernel:
         rings.k.consumer_release(state)
         if cutlass.const_expr(masked):
             self.mask(acc_s, ops, tile, n_block)
-        row_scale = softmax.update(acc_s, is_first=False)
+        row_scale = softmax.update(acc_s, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
         if cutlass.const_expr(self.config.rescale_o_before_pv):
@@ -634,7 +659,7 @@ class Sm90ForwardKernel:
     ):
         o = cute.make_rmem_tensor_like(ops.acc_o, self.dtype)
         o.store(ops.acc_o.load().to(self.dtype))
-        if cutlass.const_expr(self.config.persistent):
+        if cutlass.const_expr(not self.config.o_in_q_buffer):
             # sO may still be read by the TMA store of this CTA's previous tile.
             if tidx == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)

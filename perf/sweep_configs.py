@@ -21,9 +21,9 @@ from flash4.interface import LOG2_E
 TOKENS, HIDDEN = 16384, 2048
 
 CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(), dict(rescale_o_before_pv=True)],
+    64: [dict(), dict(consumer_warpgroups=2), dict(rescale_o_before_pv=True)],
     128: [dict(), dict(rescale_o_before_pv=True)],
-    256: [dict(), dict(rescale_o_before_pv=True)],
+    256: [dict(), dict(tile_n=64), dict(persistent=True)],
 }
 
 

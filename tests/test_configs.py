@@ -1,0 +1,35 @@
+"""Kernel configurations: their shared-memory plan and what they refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from flash4.kernels.configs import SM90_SMEM_BYTES, Sm90ForwardConfig
+
+
+def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
+    # Head dim 128: Q, O and a two-stage K/V ring of 128-key blocks fit (160 KiB).
+    d128 = Sm90ForwardConfig(head_dim=128, tile_n=128, persistent=True)
+    assert not d128.o_in_q_buffer
+    assert d128.smem_bytes() == 2 * 128 * 128 * 2 + 4 * 128 * 128 * 2 + 1024
+    # Head dim 256: a second 64 KiB tile next to Q and the 80-key ring would need 288 KiB.
+    d256 = Sm90ForwardConfig(head_dim=256, tile_n=80, persistent=True, pingpong=False)
+    assert d256.o_in_q_buffer
+    assert d256.smem_bytes() == 128 * 256 * 2 + 4 * 80 * 256 * 2 + 1024 <= SM90_SMEM_BYTES
+    # One tile per CTA: Q is dead by the epilogue, so O always reuses its buffer.
+    assert Sm90ForwardConfig(head_dim=128, tile_n=128).o_in_q_buffer
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(head_dim=128, tile_n=128, consumer_warpgroups=4), "consumer_warpgroups=4"),
+        (dict(head_dim=128, tile_n=128, kv_stages=0), "kv_stages=0"),
+        (dict(head_dim=72, tile_n=120), "tile_n=120"),
+        (dict(head_dim=264, tile_n=64), "head_dim=264"),
+        (dict(head_dim=256, tile_n=128), "bytes of shared memory"),
+    ],
+)
+def test_invalid_configs_name_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Sm90ForwardConfig(**fields)
