@@ -108,6 +108,8 @@ class Options:
     seqlens: tuple[int, ...] | None = None  # None: the protocol's (or the quick) list
     causal_modes: tuple[bool, ...] = (False, True)
     quick: bool = False
+    # Timings per provider, interleaved (see measure_shape).
+    rounds: int = 1
     out: Path | None = None
     command: str = ""
 
@@ -225,11 +227,13 @@ PROVIDERS: dict[str, Callable[..., Prepared]] = {
 
 @dataclass(frozen=True)
 class Measurement:
-    """One provider on one shape: a time, or the error that prevented it."""
+    """One provider on one shape: a time (the median over rounds), or the error that
+    prevented it. ``ms_rounds`` keeps every round's time, so the spread can be read."""
 
     ms: float | None = None
     tflops: float | None = None
     error: str | None = None
+    ms_rounds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,12 +258,20 @@ def measure_shape(
     timer: Timer,
     providers: dict[str, Callable[..., Prepared]] = PROVIDERS,
     device: str = "cuda",
+    rounds: int = 1,
 ) -> ShapeRecord:
-    """Time every provider on one set of tensors; ``providers`` and ``device`` are for tests."""
+    """Time every provider on one set of tensors; ``providers`` and ``device`` are for tests.
+
+    With several ``rounds`` the providers are timed in turn, round after round, and each
+    keeps its median: the GPU's clock follows its power and temperature, which drift over
+    seconds, so back-to-back timings of one kernel differed by up to 10% on the H200, and
+    timing one provider after another would hand that drift to the ratio.
+    """
     shape_qkv = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
     q, k, v = (torch.randn(shape_qkv, dtype=DTYPE, device=device) for _ in range(3))
     scale = 1.0 / math.sqrt(shape.head_dim)
-    results: dict[str, Measurement] = {}
+    errors: dict[str, str] = {}
+    runs: dict[str, Callable[[], Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
     for name, prepare in providers.items():
         try:
@@ -269,11 +281,27 @@ def measure_shape(
             outputs[name] = to_bshd(run())
             if q.is_cuda:
                 torch.cuda.synchronize()
-            ms = timer.milliseconds(run)
+            runs[name] = run
         except Exception as exc:  # a peer that cannot run is data, not a reason to stop
-            results[name] = Measurement(error=_error_text(exc))
+            errors[name] = _error_text(exc)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            if name in errors:
+                continue
+            try:
+                times[name].append(timer.milliseconds(run))
+            except Exception as exc:
+                errors[name] = _error_text(exc)
+    results: dict[str, Measurement] = {}
+    for name in providers:
+        if name in errors:
+            results[name] = Measurement(error=errors[name])
             continue
-        results[name] = Measurement(ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12)
+        ms = statistics.median(times[name])
+        results[name] = Measurement(
+            ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12, ms_rounds=tuple(times[name])
+        )
 
     diff, against = None, None
     reference = next((n for n in ("sdpa-cudnn", "sdpa-flash") if n in outputs), None)
@@ -361,11 +389,12 @@ def benchmark(options: Options, found: str) -> int:
     timer = make_timer(options.quick)
     env = environment()
     print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
-    print(f"timing: {timer.description}; TFLOP/s of the forward pass, {DTYPE}")
+    print(f"timing: {timer.description}, {options.rounds} round(s) per provider, interleaved, "
+          f"median kept; TFLOP/s of the forward pass, {DTYPE}")
     print(table_header())
     records = []
     for shape in options.shapes():
-        record = measure_shape(shape, timer)
+        record = measure_shape(shape, timer, rounds=options.rounds)
         records.append(record)
         print(table_row(record), flush=True)
         torch.cuda.empty_cache()
@@ -374,6 +403,7 @@ def benchmark(options: Options, found: str) -> int:
         print(f"{name}: {error}")
     if options.out is not None:
         payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
+                   "rounds": options.rounds,
                    "records": [dataclasses.asdict(r) for r in records]}
         write_json(options.out, payload)
     return 0

@@ -1,73 +1,91 @@
 """Time candidate tile configurations of the Hopper forward kernel on protocol shapes.
 
 A development tool for choosing the selector's rows (flash4/dispatch.py): each candidate is
-compiled and timed in one process on the same tensors, next to flash-attn-4 when it imports.
+a change to the row the selector picks for the shape; the candidates, flash-attn-4 and
+cuDNN are timed on the same tensors, taking turns over ``--rounds`` rounds (the bench's
+measure_shape), and each keeps its median. Two rounds of one kernel differed by up to 10%
+on the H200, so a single round decides nothing below that.
 
-    python perf/sweep_configs.py [--seqlen 2048 8192]
+    python perf/sweep_configs.py [--hdim 128] [--seqlen 2048 8192] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any, Callable
 
 import torch
 
-from flash4.bench import attention_flops
+from flash4 import bench
 from flash4.compiler import compiled_forward
-from flash4.dispatch import select
-from flash4.interface import LOG2_E
+from flash4.dispatch import KernelEntry, select
+from flash4.interface import LOG2_E, device_sms
 
-TOKENS, HIDDEN = 16384, 2048
-
-CANDIDATES: dict[int, list[dict]] = {
-    64: [dict(), dict(consumer_warpgroups=2), dict(rescale_o_before_pv=True)],
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(consumer_warpgroups=2)],
     128: [dict(), dict(rescale_o_before_pv=True)],
-    256: [dict(), dict(tile_n=64), dict(persistent=True)],
+    256: [dict(), dict(persistent=True)],
 }
+PEERS = ("sdpa-cudnn", "fa4")
+
+
+def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callable[..., bench.Prepared]:
+    """A bench provider running ``entry``'s kernel; its distance to SDPA goes to ``diffs``
+    (a fast wrong kernel is no candidate)."""
+
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+        kernel = compiled_forward(entry)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=scale
+        ).transpose(1, 2)
+        sms = device_sms(q.device.index or 0)
+
+        def run() -> torch.Tensor:
+            kernel(q, k, v, out, lse, scale * LOG2_E, sms)
+            return out
+
+        def check(result: torch.Tensor) -> torch.Tensor:
+            diffs[label] = float((result - expected).abs().max())
+            return result
+
+        return run, check
+
+    return prepare
 
 
 def main() -> None:
-    import triton.testing
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--hdim", type=int, nargs="+", default=sorted(CANDIDATES))
+    parser.add_argument("--causal", choices=("no", "yes", "both"), default="both")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    try:
-        from flash_attn.cute import flash_attn_func as fa4
-    except ImportError:
-        fa4 = None
-    for head_dim in args.hdim:
-        for causal in (False, True):
-            for seqlen in args.seqlen:
-                batch, heads = TOKENS // seqlen, HIDDEN // head_dim
-                q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(3))
-                out = torch.empty_like(q)
-                lse = torch.empty(batch, heads, seqlen, device="cuda")
-                expected = torch.nn.functional.scaled_dot_product_attention(
-                    *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal
-                ).transpose(1, 2)
-                flops = attention_flops(batch, heads, seqlen, seqlen, head_dim, causal)
-                sms = torch.cuda.get_device_properties(0).multi_processor_count
-                base = select("sm_90a", "bfloat16", head_dim, causal, seqlen)
-                cells = []
-                for change in CANDIDATES[head_dim]:
-                    try:
-                        config = dataclasses.replace(base.config, **change)
-                        kernel = compiled_forward(dataclasses.replace(base, config=config))
-                        scale = head_dim**-0.5 * LOG2_E
-                        ms = triton.testing.do_bench(lambda: kernel(q, k, v, out, lse, scale, sms), return_mode="median")
-                        # A fast wrong kernel is no candidate: show its distance to SDPA.
-                        diff = (out - expected).abs().max().item()
-                        cells.append(f"{change or 'base'}: {flops / ms / 1e9:.0f} (diff {diff:.1e})")
-                    except Exception as exc:  # a candidate that does not fit is reported, not fatal
-                        cells.append(f"{change}: {type(exc).__name__}: {str(exc)[:80]}")
-                if fa4 is not None:
-                    ms = triton.testing.do_bench(lambda: fa4(q, k, v, causal=causal), return_mode="median")
-                    cells.append(f"fa4: {flops / ms / 1e9:.0f}")
-                print(f"d{head_dim} {'causal' if causal else 'full'} s{seqlen}: " + " | ".join(cells), flush=True)
+    timer = bench.make_timer(quick=False)
+    causal_modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
+    for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes):
+        base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
+        diffs: dict[str, float] = {}
+        providers: dict[str, Callable[..., bench.Prepared]] = {}
+        for change in CANDIDATES[shape.head_dim]:
+            label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
+            config = dataclasses.replace(base.config, **change)
+            providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
+        providers.update({name: bench.PROVIDERS[name] for name in PEERS})
+        record = bench.measure_shape(shape, timer, providers=providers, rounds=args.rounds)
+        cells = []
+        for name, m in record.results.items():
+            if m.tflops is None:
+                cells.append(f"{name}: {m.error}")
+                continue
+            low, high = (shape.flops / (ms * 1e-3) / 1e12 for ms in (max(m.ms_rounds), min(m.ms_rounds)))
+            diff = f" diff {diffs[name]:.1e}" if name in diffs else ""
+            cells.append(f"{name}: {m.tflops:.0f} [{low:.0f}-{high:.0f}]{diff}")
+        print(f"d{shape.head_dim} {'causal' if shape.causal else 'full'} s{shape.seqlen}: " + " | ".join(cells),
+              flush=True)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -118,6 +118,37 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
     assert "1.500" in row and "error" in row
 
 
+def test_measure_shape_interleaves_rounds_and_keeps_each_median() -> None:
+    """Three rounds: the providers take turns, and each keeps the median of its times."""
+    order: list[str] = []
+    times = {"flash4": iter([5.0, 1.0, 2.0]), "sdpa-cudnn": iter([4.0, 9.0, 3.0])}
+
+    def named(name: str):
+        def prepare(*args: object) -> bench.Prepared:
+            run, to_bshd = _sdpa_math(*args)  # type: ignore[arg-type]
+
+            def tagged():
+                return run()
+
+            tagged.provider = name  # type: ignore[attr-defined]
+            return tagged, to_bshd
+
+        return prepare
+
+    def timer_ms(fn) -> float:
+        order.append(fn.provider)
+        return next(times[fn.provider])
+
+    providers = {"flash4": named("flash4"), "sdpa-cudnn": named("sdpa-cudnn")}
+    shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False)
+    record = bench.measure_shape(shape, bench.Timer("fake", timer_ms), providers=providers, device="cpu", rounds=3)
+
+    assert order == ["flash4", "sdpa-cudnn"] * 3
+    assert record.results["flash4"].ms == 2.0 and record.results["flash4"].ms_rounds == (5.0, 1.0, 2.0)
+    assert record.results["sdpa-cudnn"].ms == 4.0
+    assert record.ratio_vs_best_peer == pytest.approx(2.0)
+
+
 def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
     """Install a fake flash4.compiler; entry number i lacks instruction missing[i]."""
     calls: list[tuple[object, str]] = []
