@@ -36,10 +36,9 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
-    # Scale O by a block's softmax factor just before the next P V GEMM, while that block's
-    # S GEMM runs, instead of right after the softmax (flash-attn-4 does so above head
-    # dim 128, where O is 128 registers a thread). Not yet measured here: off in the table.
-    rescale_o_before_pv: bool = False
+    # 0: every exponential of the softmax on MUFU. k > 0: in mask-free blocks one in every
+    # k on the FMA pipe instead (kernels/fma_exp2.py), where MUFU is the bottleneck.
+    fma_exp2_period: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -68,6 +67,8 @@ class Sm90ForwardConfig:
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
+        if self.fma_exp2_period < 0:
+            raise ValueError(f"fma_exp2_period={self.fma_exp2_period}: 0 (off) or a positive period")
         if self.kv_stages < 1:
             raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:

@@ -528,7 +528,7 @@ class Sm90ForwardKernel:
     ):
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
         Returns the Q and K/V rings' states for the next tile."""
-        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
+        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse), self.config.fma_exp2_period)
         rings.q.consumer_wait(q_state)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
@@ -539,27 +539,23 @@ class Sm90ForwardKernel:
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
-        # O's rescale factor from the latest softmax, when it is applied late (see step).
-        pending_scale = cute.make_rmem_tensor(cute.size(lse), Float32)
-        pending_scale.store(softmax.update(acc_s, is_first=True, masked=True).load())
+        softmax.update(acc_s, is_first=True, masked=True)
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
         masked_count = cutlass.max(n_block - self.unmasked_block_end(tile), 0)
         for i in cutlass.range(masked_count, unroll=1):
             n_block -= 1
-            state = self.step(ops, rings, state, softmax, pending_scale, pingpong, tile, n_block, True)
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
         for i in cutlass.range(n_block, unroll=1):
             n_block -= 1
-            state = self.step(ops, rings, state, softmax, pending_scale, pingpong, tile, n_block, False)
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
         if cutlass.const_expr(not self.q_freed_by_store):
             # Every S GEMM has completed: Q's buffer can take the next tile's Q.
             rings.q.consumer_release(q_state)
             q_state.advance()
         # The last block's P V.
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            softmax.rescale(ops.acc_o, pending_scale)
         rings.v.consumer_wait(state)
         self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
         warpgroup.wait_group(0)
@@ -575,7 +571,6 @@ class Sm90ForwardKernel:
         rings: Rings,
         state,
         softmax: OnlineSoftmax,
-        pending_scale: cute.Tensor,
         pingpong: WarpgroupPingPong,
         tile: Tile,
         n_block: Int32,
@@ -589,10 +584,6 @@ class Sm90ForwardKernel:
             pingpong.wait_turn()
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         self.gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            # The previous P V has completed: scale O by the previous block's factor now,
-            # on the CUDA cores while the S GEMM runs, not after this block's softmax.
-            softmax.rescale(ops.acc_o, pending_scale)
         rings.v.consumer_wait(v_state)
         self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
         if cutlass.const_expr(self.pingpong):
@@ -605,10 +596,7 @@ class Sm90ForwardKernel:
         row_scale = softmax.update(acc_s, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            pending_scale.store(row_scale.load())
-        else:
-            softmax.rescale(ops.acc_o, row_scale)
+        softmax.rescale(ops.acc_o, row_scale)
         self.store_p(acc_s, ops.p)
         return state
 
