@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import shlex
@@ -193,24 +194,25 @@ def _sdpa(backend_name: str) -> Callable[..., Prepared]:
 
 
 # Peers outside torch (flash-attn-4) are adapted in perf/peer_providers.py, never in the
-# flash4 package: flash4 imports no peer. ``python -m flash4 bench`` run from a checkout
-# finds that module (the working directory is on sys.path); an installed flash4 elsewhere
-# records those peers as not available.
-PEER_PROVIDERS_MODULE = "perf.peer_providers"
+# flash4 package: flash4 imports no peer. A flash4 imported from a checkout (an editable
+# install) loads that file from the checkout, whatever the working directory or script;
+# an installed flash4 elsewhere records those peers as not available.
+PEER_PROVIDERS_FILE = Path(__file__).resolve().parents[1] / "perf" / "peer_providers.py"
 
 
 def _not_available(name: str) -> Callable[..., Prepared]:
     def prepare(*_: Any) -> Prepared:
-        raise ImportError(f"{name} is measured from a flash4 checkout ({PEER_PROVIDERS_MODULE})")
+        raise ImportError(f"{name} is measured from a flash4 checkout ({PEER_PROVIDERS_FILE} is absent)")
 
     return prepare
 
 
 def _checkout_peers() -> dict[str, Callable[..., Prepared]]:
-    try:
-        module = importlib.import_module(PEER_PROVIDERS_MODULE)
-    except ImportError:
+    if not PEER_PROVIDERS_FILE.is_file():
         return {"fa4": _not_available("fa4")}
+    spec = importlib.util.spec_from_file_location("flash4_peer_providers", PEER_PROVIDERS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return dict(module.PROVIDERS)
 
 

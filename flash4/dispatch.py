@@ -42,8 +42,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - Persistent (one CTA per SM looping over tiles; causal in balanced pairs of query
       blocks) at head dims 64 and 128: d128 full 421/502/574/620/634 -> 495/549/591/616/
       631, d128 causal 267/392/471/545/624 -> 335/436/522/561/610. At head dim 256, where
-      O must be staged in Q's buffer, only causal below 8k pays: 300/425/513/574/681 ->
-      311/430/546/611/666 (full: 488/610/662/680/717 -> 503/590/644/679/712).
+      O must be staged in Q's buffer, only causal below 16k pays (median of 3 interleaved
+      rounds at 2k/4k/8k/16k: 503/561/613/671 -> 542/608/631/669); full does not
+      (488/610/662/680/717 -> 503/590/644/679/712, one round at 512/1k/2k/4k/16k).
     - Three 64-row consumer warpgroups (192-row tiles) at head dim 64, where the S and O
       accumulators fit 160 registers a thread: full 340/380/410/422/434 -> 349/400/462/482/
       525 (persistent). Causal short sequences prefer 128-row tiles (less diagonal waste,
@@ -59,7 +60,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     )
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True)
-        yield 8192, base
+        yield 16384, base
     elif head_dim != 64:
         yield 1, base
     elif not causal:

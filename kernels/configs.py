@@ -36,9 +36,6 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
-    # 0: every exponential of the softmax on MUFU. k > 0: in mask-free blocks one in every
-    # k on the FMA pipe instead (kernels/fma_exp2.py), where MUFU is the bottleneck.
-    fma_exp2_period: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -67,8 +64,6 @@ class Sm90ForwardConfig:
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
-        if self.fma_exp2_period < 0:
-            raise ValueError(f"fma_exp2_period={self.fma_exp2_period}: 0 (off) or a positive period")
         if self.kv_stages < 1:
             raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:

@@ -15,7 +15,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .fma_exp2 import fma_exp2
 from .mma_layouts import acc_rows_cols
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -23,13 +22,9 @@ THREADS_PER_ROW = 4
 
 
 class OnlineSoftmax:
-    """``fma_exp2_period`` k > 0: in mask-free blocks, one exponential in every k runs on
-    the FMA pipe (kernels/fma_exp2.py) instead of MUFU."""
-
-    def __init__(self, scale_log2: Float32, rows: int, fma_exp2_period: int = 0):
+    def __init__(self, scale_log2: Float32, rows: int):
         self.scale_log2 = scale_log2
         self.rows = rows
-        self.fma_exp2_period = fma_exp2_period
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
@@ -55,17 +50,8 @@ class OnlineSoftmax:
             m_safe = m_new
             if cutlass.const_expr(masked):
                 m_safe = 0.0 if m_new == -Float32.inf else m_new
-            exponent = row * self.scale_log2 - m_safe * self.scale_log2
-            if cutlass.const_expr(masked or self.fma_exp2_period == 0):
-                s[r, None].store(cute.math.exp2(exponent, fastmath=True))
-            else:
-                s[r, None].store(exponent)
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    if cutlass.const_expr(j % self.fma_exp2_period == self.fma_exp2_period - 1):
-                        s[r, j] = fma_exp2(s[r, j])
-                    else:
-                        s[r, j] = cute.math.exp2(s[r, j], fastmath=True)
-            p = s[r, None].load()
+            p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
+            s[r, None].store(p)
             partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(is_first):
                 row_scale[r] = 1.0

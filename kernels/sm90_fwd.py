@@ -528,7 +528,7 @@ class Sm90ForwardKernel:
     ):
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
         Returns the Q and K/V rings' states for the next tile."""
-        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse), self.config.fma_exp2_period)
+        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
         rings.q.consumer_wait(q_state)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.

@@ -194,11 +194,16 @@ def test_bench_without_gpu_flags_missing_instruction_and_filters(
     assert "MISSING setmaxnreg" in out
 
 
-def test_peers_outside_torch_come_from_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
-    # From a checkout, flash-attn-4's adapter is perf/peer_providers.py, not flash4 code.
-    assert bench._checkout_peers()["fa4"].__module__ == bench.PEER_PROVIDERS_MODULE
+def test_peers_outside_torch_come_from_the_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # From a checkout, flash-attn-4's adapter is perf/peer_providers.py, not flash4 code,
+    # found from flash4's own location: a script in perf/ (sys.path[0] = perf/) or another
+    # working directory finds it too.
+    monkeypatch.chdir(tmp_path)
+    fa4 = bench._checkout_peers()["fa4"]
+    assert fa4.__code__.co_filename == str(bench.PEER_PROVIDERS_FILE)
+    assert bench.PEER_PROVIDERS_FILE.parent.name == "perf"
     # Elsewhere the peer is recorded as not available, with the reason.
-    monkeypatch.setattr(bench, "PEER_PROVIDERS_MODULE", "perf.no_such_module")
+    monkeypatch.setattr(bench, "PEER_PROVIDERS_FILE", tmp_path / "no_such_file.py")
     prepare = bench._checkout_peers()["fa4"]
     with pytest.raises(ImportError, match="measured from a flash4 checkout"):
         prepare()

@@ -139,16 +139,6 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (17, 1000), (1000, 17), (4096, 4096)))
-@pytest.mark.parametrize("period", (2, 4))
-def test_fma_exp2_matches_reference(head_dim, causal, seqlen_q, seqlen_k, period):
-    # Exponentials of mask-free blocks on the FMA pipe: the polynomial's error (7.5e-5
-    # relative) must stay inside the bound the MUFU kernel meets.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, fma_exp2_period=period)
-
-
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
