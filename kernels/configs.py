@@ -36,10 +36,6 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
-    # Unroll factor of the mask-free key-block loop. At 2, ptxas keeps the wgmma operand
-    # descriptors of each copy in uniform registers: the hot S GEMM issues 2.0 uniform-
-    # datapath instructions per wgmma instead of 4.5 (d128, SASS of the sm_90a build).
-    mainloop_unroll: int = 1
 
     @property
     def tile_m(self) -> int:
@@ -68,8 +64,6 @@ class Sm90ForwardConfig:
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
-        if self.mainloop_unroll not in (1, 2, 4):
-            raise ValueError(f"mainloop_unroll={self.mainloop_unroll}: 1, 2 or 4")
         if self.kv_stages < 1:
             raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:

@@ -547,7 +547,7 @@ class Sm90ForwardKernel:
         for i in cutlass.range(masked_count, unroll=1):
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
-        for i in cutlass.range(n_block, unroll=self.config.mainloop_unroll):
+        for i in cutlass.range(n_block, unroll=1):
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 

@@ -139,16 +139,6 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (4096, 4096), (17, 1000), (1000, 17)))
-def test_unrolled_mainloop_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
-    # The mask-free loop unrolled by 2: even and odd counts of mask-free blocks (the
-    # unroller's remainder), none at all (seqlen_k 17), and persistent CTAs whose tiles
-    # leave the loop at different points.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, mainloop_unroll=2)
-
-
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
