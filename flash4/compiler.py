@@ -16,6 +16,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from flash4.dispatch import KernelEntry
@@ -49,6 +50,8 @@ class CompileReport:
     registers: int = 0
     spill_bytes: int = 0
     serialized_wgmma: int = 0
+    # The machine code, when asked for (``keep_cubin``): for reading the SASS with nvdisasm.
+    cubin: bytes = b""
 
 
 def _cutlass_dtype(name: str) -> Any:
@@ -111,7 +114,9 @@ def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[...,
     return _compile(entry, with_lse=with_lse)
 
 
-def compile_entry(entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True) -> CompileReport:
+def compile_entry(
+    entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True, keep_cubin: bool = False
+) -> CompileReport:
     """Compile one selector row for ``arch`` (no GPU needed) and count key PTX instructions."""
     start = time.perf_counter()
     remarks = io.StringIO()
@@ -120,11 +125,14 @@ def compile_entry(entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = Tru
     # The DSL writes the kept PTX to a file; a scratch folder keeps it out of the caller's
     # working directory.
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(remarks):
+        keep = ("--keep-ptx", "--keep-cubin") if keep_cubin else ("--keep-ptx",)
         compiled = _compile(
-            entry, f"--gpu-arch={arch}", "--keep-ptx", f"--dump-dir={scratch}", "remarks{ptx}",
+            entry, f"--gpu-arch={arch}", *keep, f"--dump-dir={scratch}", "remarks{ptx}",
             with_lse=with_lse,
         )
         ptx = compiled.__ptx__ or ""
+        cubins = sorted(Path(scratch).glob("*.cubin")) if keep_cubin else []
+        cubin = cubins[0].read_bytes() if cubins else b""
     seconds = time.perf_counter() - start
     log = remarks.getvalue()
     registers = _PTXAS_REGISTERS.search(log)
@@ -135,4 +143,5 @@ def compile_entry(entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = Tru
         registers=int(registers.group(1)) if registers else 0,
         spill_bytes=sum(int(n) for n in _PTXAS_SPILLS.findall(log)),
         serialized_wgmma=log.count(PTXAS_SERIALIZED_WGMMA),
+        cubin=cubin,
     )

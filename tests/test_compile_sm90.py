@@ -41,8 +41,10 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
     # O leaves through TMA; the only plain global stores are LSE's, one per row.
     monkeypatch.chdir(tmp_path)
     with_lse = compile_entry(entry, arch="sm_90a")
-    without = compile_entry(entry, arch="sm_90a", with_lse=False)
+    without = compile_entry(entry, arch="sm_90a", with_lse=False, keep_cubin=True)
     assert not list(tmp_path.iterdir()), "compiling must not leave PTX dumps in the working directory"
+    # The machine code comes back only when asked for (perf/sass_local.py reads it).
+    assert without.cubin[:4] == b"\x7fELF" and with_lse.cubin == b""
     assert with_lse.ptx.count("st.global") > 0
     assert without.ptx.count("st.global") == 0
     assert without.instructions["cp.async.bulk.tensor"] == with_lse.instructions["cp.async.bulk.tensor"]
