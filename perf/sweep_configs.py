@@ -23,7 +23,7 @@ from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
 
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(consumer_warpgroups=2), dict(consumer_warpgroups=3)],
+    64: [dict(), dict(persistent=False)],
     128: [dict(), dict(persistent=False)],
     256: [dict(), dict(persistent=False), dict(persistent=True)],
 }
