@@ -183,3 +183,66 @@ def attention_in_dtype(
     row_has_key = (lse != -math.inf).unsqueeze(-1)
     probs = torch.where(row_has_key, torch.softmax(scores, dim=-1), 0.0)
     return _probs_times_v(probs, v), lse.float()
+
+
+def _sum_over_query_groups(grad: Tensor, kv_heads: int) -> Tensor:
+    """(b, s, heads, d) gradient of the expanded kv heads -> (b, s, kv_heads, d): each kv head
+    collects the gradients of the query heads that share it (GQA/MQA)."""
+    batch, seqlen, heads, head_dim = grad.shape
+    return grad.reshape(batch, seqlen, kv_heads, heads // kv_heads, head_dim).sum(dim=3)
+
+
+def attention_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    dout: Tensor,
+    lse: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact gradients (dq, dk, dv) of attention, from what the forward saves: out and LSE.
+
+    With S = scale · Q Kᵀ (masked), P = exp(S − LSE) (0 on rows without keys):
+        dV = Pᵀ dO,   dP = dO Vᵀ,   D = rowsum(dO ∘ O),   dS = P ∘ (dP − D),
+        dQ = scale · dS K,   dK = scale · dSᵀ Q,
+    where D = rowsum(P ∘ dP) because O = P V; the backward kernel computes it from dO and O
+    so that dP never needs a full row. Under GQA/MQA, dK and dV of a kv head sum over the
+    query heads that share it. Returned in ``compute_dtype``, shaped like q, k and v.
+    """
+    scale = default_softmax_scale(q.shape[-1]) if softmax_scale is None else softmax_scale
+    kv_heads = k.shape[2]
+    q, k, v, out, dout, lse = (t.to(compute_dtype) for t in (q, k, v, out, dout, lse))
+    heads = q.shape[2]
+    k_full, v_full = _expand_kv_heads(k, heads), _expand_kv_heads(v, heads)
+    scores = _scores(q, k) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_visible(q.shape[1], k.shape[1], q.device), -math.inf)
+    row_has_key = (lse != -math.inf).unsqueeze(-1)
+    probs = torch.where(row_has_key, torch.exp(scores - torch.where(row_has_key, lse.unsqueeze(-1), 0.0)), 0.0)
+    dout_h = dout.transpose(1, 2)  # (b, h, s_q, d)
+    dv = torch.einsum("bhqk,bhqd->bkhd", probs, dout_h)
+    dp = torch.einsum("bhqd,bkhd->bhqk", dout_h, v_full)
+    delta = (dout * out).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # (b, h, s_q, 1)
+    ds = probs * (dp - delta)
+    dq = scale * torch.einsum("bhqk,bkhd->bqhd", ds, k_full)
+    dk = scale * torch.einsum("bhqk,bqhd->bkhd", ds, q)
+    return dq, _sum_over_query_groups(dk, kv_heads), _sum_over_query_groups(dv, kv_heads)
+
+
+def attention_backward_in_dtype(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`attention_in_dtype` by torch autograd, in the inputs' dtype: the
+    baseline of the accuracy rule for dq, dk and dv."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, _ = attention_in_dtype(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    out.backward(dout.to(out.dtype))
+    return q.grad, k.grad, v.grad

@@ -175,3 +175,49 @@ def test_attention_in_dtype_close_to_float_reference(dtype, causal, seqlen_q, se
     assert_close_with_inf(out, ref_out, IN_DTYPE_TOL[dtype])
     # lse is O(log seqlen_k + max score), a few units: its rounding is relative to that.
     assert_close_with_inf(lse, ref_lse, IN_DTYPE_TOL[dtype] * 2)
+
+
+@pytest.mark.parametrize("heads,kv_heads", HEAD_LAYOUTS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_matches_autograd(heads, kv_heads, seqlen_q, seqlen_k, causal):
+    # The explicit gradients (from out and LSE, as the kernel has them) against torch's
+    # autograd through the naive row-by-row maths, all in float64. Causal with
+    # seqlen_q > seqlen_k leaves rows without keys: their dq must be 0, and they add
+    # nothing to dk, dv.
+    from flash4.reference import attention_backward
+
+    q, k, v = (t.requires_grad_(True) for t in random_qkv(2, seqlen_q, seqlen_k, heads, kv_heads, 16))
+    scale = 0.3
+    out, lse = naive_attention(q, k, v, scale, causal)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    dq, dk, dv = attention_backward(
+        q.detach(), k.detach(), v.detach(), out.detach(), dout, lse.detach(),
+        softmax_scale=scale, causal=causal, compute_dtype=torch.float64,
+    )
+    for name, got, want in (("dq", dq, q.grad), ("dk", dk, k.grad), ("dv", dv, v.grad)):
+        assert got.shape == want.shape, name
+        error = (got - want).abs().max().item()
+        assert error <= FLOAT64_TOL, f"{name}: max error {error:.3g}"
+    if causal and seqlen_q > seqlen_k:
+        assert torch.all(dq[:, : seqlen_q - seqlen_k] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_in_dtype_close_to_float_reference(dtype, causal):
+    # The baseline of the accuracy rule: torch's own gradients in the input dtype, a few
+    # roundings away from the float32 reference (relative to the gradients' size).
+    from flash4.reference import attention, attention_backward, attention_backward_in_dtype
+
+    q, k, v = random_qkv(2, 37, 53, 4, 2, 32, dtype=dtype)
+    dout = torch.randn(2, 37, 4, 32, dtype=dtype)
+    out, lse = attention(q, k, v, causal=causal)
+    expected = attention_backward(q, k, v, out, dout, lse, causal=causal)
+    baseline = attention_backward_in_dtype(q, k, v, dout, causal=causal)
+    for name, got, want in zip(("dq", "dk", "dv"), baseline, expected):
+        assert got.dtype == dtype, name
+        scale = want.abs().max().item()
+        error = (got.float() - want).abs().max().item()
+        assert 0 < error <= IN_DTYPE_TOL[dtype] * scale, f"{name}: {error:.3g} vs size {scale:.3g}"
