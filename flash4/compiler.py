@@ -114,6 +114,44 @@ def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[...,
     return _compile(entry, with_lse=with_lse)
 
 
+# The dQ accumulator is written in 16-byte vectors.
+DQ_ACCUM_ALIGN_BYTES = 16
+
+
+def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
+    import cutlass
+    import cutlass.cute as cute
+
+    dtype = _cutlass_dtype(dtype_name)
+    batch, seqlen_q, heads, padded = (cute.sym_int() for _ in range(4))
+    o = _fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES)
+    do = _fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES)
+    lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES)
+    d = _fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES)
+    lse_log2 = _fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES)
+    dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return o, do, lse, d, lse_log2, dq_accum, stream
+
+
+def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int, *options: str) -> Any:
+    """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
+    query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum)`` with torch
+    tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum`` (batch,
+    heads, padded seqlen_q * head_dim) are float32, padded to whole blocks of ``block_rows``.
+    """
+    import cutlass.cute as cute
+
+    from flash4.kernels.sm90_bwd_preprocess import Sm90BackwardPreprocess
+
+    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows)
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(kernel, *_backward_preprocess_arguments(dtype_name, head_dim), options=flags)
+
+
+compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
+
+
 def compile_entry(
     entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True, keep_cubin: bool = False
 ) -> CompileReport:

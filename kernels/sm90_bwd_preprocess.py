@@ -1,0 +1,124 @@
+"""Backward preprocess: per query row, what the main backward kernel reads instead of
+recomputing it in every key block.
+
+    D[b, h, i]        = sum_d dO[b, i, h, d] * O[b, i, h, d]      (fp32)
+    lse_log2[b, h, i] = LSE[b, h, i] * log2(e)
+    dq_accum[b, h]    = 0                                          (fp32, padded rows)
+
+dS = P ∘ (dP − D) needs D = rowsum(P ∘ dP), which equals rowsum(dO ∘ O) because O = P V:
+one dot product per row here instead of a full row of dP in the main kernel. The main
+kernel recomputes P = exp2(S · scale · log2(e) − lse_log2) with one FMA per score.
+
+Rows are padded to whole query blocks of the main kernel. Padded rows get D = 0 and
+lse_log2 = +inf, so their P is exp2(−inf) = 0 and they add nothing; a row that saw no key
+(LSE = −inf) gets lse_log2 = 0, harmless since all its scores are masked to −inf.
+
+One CTA per (query block, head, batch). A row is read in 16-byte vectors by a group of
+lanes of one warp, which then sum their partial products with shuffles.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from ..pipelines.warp_roles import THREADS_PER_WARP
+
+# 16-byte global loads: the widest a thread issues.
+LOAD_BYTES = 16
+# fp32 values per 16-byte store.
+ZERO_VECTOR = LOAD_BYTES // 4
+# Four warps: enough loads in flight per SM for a bandwidth-bound pass, with many CTAs.
+THREADS = 4 * THREADS_PER_WARP
+
+
+class Sm90BackwardPreprocess:
+    """The preprocess for one head dim, dtype and query block size (the main kernel's)."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int):
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.block_rows = block_rows
+        self.vector = LOAD_BYTES * 8 // dtype.width
+        if head_dim % self.vector:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        # Lanes that share one row; a power of two up to a warp, so their shuffles stay
+        # inside one warp.
+        self.lanes_per_row = head_dim // self.vector
+        if self.lanes_per_row > THREADS_PER_WARP or self.lanes_per_row & (self.lanes_per_row - 1):
+            raise ValueError(f"head_dim={head_dim}: a row must span a power of two <= 32 lanes")
+        self.rows_per_pass = THREADS // self.lanes_per_row
+        if block_rows % self.rows_per_pass:
+            raise ValueError(f"block_rows={block_rows} is not a multiple of {self.rows_per_pass}")
+
+    @cute.jit
+    def __call__(
+        self,
+        mO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mLSE: cute.Tensor,  # (batch, heads, seqlen_q), float32
+        mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
+        mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
+        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
+        stream: cuda.CUstream,
+    ):
+        # (seqlen, head_dim, heads, batch) and (seqlen, heads, batch), as in the forward.
+        mO, mdO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mO, mdO)]
+        mLSE, mD, mLSELog2, mdQAccum = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
+            for t in (mLSE, mD, mLSELog2, mdQAccum)
+        ]
+        blocks = cute.ceil_div(cute.size(mO.shape[0]), self.block_rows)
+        self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum).launch(
+            grid=(blocks, cute.size(mO.shape[2]), cute.size(mO.shape[3])),
+            block=[THREADS, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mO: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mD: cute.Tensor,
+        mLSELog2: cute.Tensor,
+        mdQAccum: cute.Tensor,
+    ):
+        tidx = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen = mO.shape[0]
+        lane_in_row = tidx % self.lanes_per_row
+        row_in_pass = tidx // self.lanes_per_row
+        columns = cute.make_layout(self.vector)
+        for p in cutlass.range_constexpr(self.block_rows // self.rows_per_pass):
+            row = m_block * self.block_rows + p * self.rows_per_pass + row_in_pass
+            partial = Float32(0.0)
+            if row < seqlen:
+                o = cute.make_rmem_tensor(columns, self.dtype)
+                do = cute.make_rmem_tensor(columns, self.dtype)
+                cute.autovec_copy(cute.local_tile(mO[row, None, head, batch], (self.vector,), (lane_in_row,)), o)
+                cute.autovec_copy(cute.local_tile(mdO[row, None, head, batch], (self.vector,), (lane_in_row,)), do)
+                products = o.load().to(Float32) * do.load().to(Float32)
+                partial = products.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            total = cute.arch.warp_reduction_sum(partial, threads_in_group=self.lanes_per_row)
+            if lane_in_row == 0:
+                lse_log2 = Float32.inf
+                if row < seqlen:
+                    lse = mLSE[row, head, batch]
+                    lse_log2 = 0.0 if lse == -Float32.inf else lse * math.log2(math.e)
+                mD[row, head, batch] = total
+                mLSELog2[row, head, batch] = lse_log2
+        # This block's slice of the dQ accumulator, which the main kernel adds into, in
+        # 16-byte stores.
+        chunk = self.block_rows * self.head_dim
+        accum = cute.local_tile(mdQAccum[None, head, batch], (chunk,), (m_block,))
+        zeros = cute.make_rmem_tensor(cute.make_layout(ZERO_VECTOR), Float32)
+        zeros.fill(0.0)
+        for i in cutlass.range(chunk // (ZERO_VECTOR * THREADS), unroll_full=True):
+            cute.autovec_copy(zeros, cute.local_tile(accum, (ZERO_VECTOR,), (i * THREADS + tidx,)))
