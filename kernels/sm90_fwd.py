@@ -61,21 +61,7 @@ from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
-
-# Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
-# pattern repeats every 1024 bytes and must line up with the buffer's start.
-SMEM_ALIGN_BYTES = 1024
-
-
-def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
-    """Swizzled row-major shared-memory layout of a (rows, cols) tile, optionally staged."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
-    )
-    if stages is None:
-        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
-    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
-
+from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, warpgroup_gemm
 
 @dataclass(frozen=True)
 class Rings:
@@ -535,7 +521,7 @@ class Sm90ForwardKernel:
         n_block = tile.n_block_max - 1
         rings.k.consumer_wait(state)
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
-        self.gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+        warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
@@ -557,7 +543,7 @@ class Sm90ForwardKernel:
             q_state.advance()
         # The last block's P V.
         rings.v.consumer_wait(state)
-        self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
+        warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
         warpgroup.wait_group(0)
         rings.v.consumer_release(state)
         state.advance()
@@ -583,9 +569,9 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(self.pingpong):
             pingpong.wait_turn()
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
-        self.gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+        warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         rings.v.consumer_wait(v_state)
-        self.gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
+        warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
         if cutlass.const_expr(self.pingpong):
             pingpong.pass_turn()
         # Wait for S only; P V may still run while the softmax below does.
@@ -611,26 +597,6 @@ class Sm90ForwardKernel:
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
         """Convert the probabilities to the input dtype into P's A-operand registers."""
         convert_packed(acc_as_a_operand(acc_s), p)
-
-    @cute.jit
-    def gemm(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        zero_init: cutlass.Constexpr[bool],
-    ) -> None:
-        """Issue one warpgroup GEMM over all k-slices and commit it as one group."""
-        warpgroup.fence()
-        # A fresh atom per GEMM: its accumulate flag is changed below, and a flag set on an
-        # atom shared by several GEMMs would leak from one into the next.
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(a.shape[2])):
-            cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
