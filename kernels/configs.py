@@ -75,3 +75,43 @@ class Sm90ForwardConfig:
                 f"{self}: needs {self.smem_bytes()} bytes of shared memory, "
                 f"sm_90 has {SM90_SMEM_BYTES}"
             )
+
+
+@dataclass(frozen=True)
+class Sm90BackwardConfig:
+    """One compiled variant of the Hopper backward kernel (kernels/sm90_bwd.py).
+
+    A CTA owns ``tile_n`` keys of one head; each of its two consumer warpgroups owns 64 of
+    them and walks the query blocks of ``tile_m`` rows, through rings of ``q_stages`` Q
+    tiles and ``do_stages`` dO tiles.
+    """
+
+    head_dim: int
+    tile_m: int
+    tile_n: int = 128
+    q_stages: int = 2
+    do_stages: int = 2
+    causal: bool = False
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_n // ROWS_PER_CONSUMER_WARPGROUP
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """K and V, the Q and dO rings, and dS (keys x queries), plus barriers."""
+        kv = 2 * self.tile_n * self.head_dim * elem_bytes
+        rings = (self.q_stages + self.do_stages) * self.tile_m * self.head_dim * elem_bytes
+        ds = self.tile_n * self.tile_m * elem_bytes
+        return kv + rings + ds + BARRIER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.tile_n != 2 * ROWS_PER_CONSUMER_WARPGROUP:
+            raise ValueError(f"tile_n={self.tile_n}: two consumer warpgroups of 64 keys, so 128")
+        if self.tile_m % 16 or not 16 <= self.tile_m <= 128:
+            raise ValueError(f"tile_m={self.tile_m}: a multiple of 16 in [16, 128]")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= 256:
+            raise ValueError(f"head_dim={self.head_dim}: a multiple of 16 in [16, 256]")
+        if min(self.q_stages, self.do_stages) < 1:
+            raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
+        if self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

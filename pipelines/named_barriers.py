@@ -19,6 +19,10 @@ class NamedBarrier(enum.IntEnum):
     # Turn-taking of the consumer warpgroups (ping-pong): warpgroup i waits on
     # WARPGROUP_TURN_0 + i before it issues its GEMMs.
     WARPGROUP_TURN_0 = 2
+    # Backward: the consumer warpgroups' shared dSᵀ tile. Before writing it, every
+    # warpgroup is past the previous dQ GEMM that read it; after, every part is written
+    # before any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
+    DS_TILE = 5
 
 
 class WarpgroupPingPong:

@@ -1,0 +1,507 @@
+"""Hopper (sm_90a) backward attention: dQ, dK, dV from Q, K, V, dO, and the forward's LSE.
+
+WORK IN PROGRESS: compiles for sm_90a; not yet run on a GPU, not wired into flash4's API.
+
+A CTA owns ``tile_n`` = 128 keys of one head and walks the query blocks that see them. Its
+two consumer warpgroups own 64 keys each and compute everything transposed, keys as rows:
+
+    Sᵀ  = K Qᵀ                 (SS wgmma: K, Q in shared memory)
+    dPᵀ = V dOᵀ                (SS)
+    Pᵀ  = exp2(Sᵀ · scale · log2(e) − lse_log2[query])      (registers)
+    dSᵀ = Pᵀ ∘ (dPᵀ − D[query])                              (registers)
+    dV += Pᵀ dO                (RS: Pᵀ straight from registers as the A operand)
+    dK += dSᵀ Q                (RS)
+    dQ  = dS K                 (SS: dSᵀ goes to shared memory, read transposed)
+    dQ_accum[query rows] += dQ (fp32 reductions in global memory)
+
+Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
+warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
+both warpgroups, so dSᵀ alone goes through shared memory; each warpgroup then computes
+half of dQ's columns. The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
+rowsum(dO ∘ O) and lse_log2 = LSE · log2(e), padded with +inf so that rows past seqlen_q
+get P = 0; the dQ accumulator is converted to the input dtype (times the softmax scale)
+afterwards.
+
+Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
+into rings; warpgroups 1 and 2 are the consumers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..pipelines.named_barriers import NamedBarrier
+from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
+from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
+from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
+from .mma_layouts import acc_as_a_operand, acc_rows_cols
+from .packed_convert import convert_packed
+from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, warpgroup_gemm
+
+
+@dataclass(frozen=True)
+class KeyBlock:
+    """This CTA's keys: block ``n_block`` of one head of one batch entry."""
+
+    n_block: Int32
+    head: Int32
+    batch: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+
+
+@dataclass(frozen=True)
+class RowInputs:
+    """Per query row, from the preprocess: LSE·log2(e) and D (padded), and the fp32 dQ
+    accumulator this kernel adds into; all viewed as (rows, heads, batch)."""
+
+    lse_log2: cute.Tensor
+    delta: cute.Tensor
+    dq_accum: cute.Tensor
+
+
+@dataclass(frozen=True)
+class BackwardOperands:
+    """One consumer thread's GEMM operands, accumulators and element coordinates."""
+
+    tiled_mma_sdp: cute.TiledMma
+    tiled_mma_dkv: cute.TiledMma
+    tiled_mma_dq: cute.TiledMma
+    tSrK: cute.Tensor
+    tSrQ: cute.Tensor
+    tdPrV: cute.Tensor
+    tdPrdO: cute.Tensor
+    tdVrdO: cute.Tensor
+    tdKrQ: cute.Tensor
+    tdQrdS: cute.Tensor
+    tdQrK: cute.Tensor
+    st_shape: Any
+    dq_shape: Any
+    # Pᵀ and dSᵀ in the input dtype, as the register A operands of the dV and dK GEMMs.
+    pt: cute.Tensor
+    dst: cute.Tensor
+    acc_dv: cute.Tensor
+    acc_dk: cute.Tensor
+    # (key, query) of each Sᵀ element this thread holds; (query, column) of each of dQ's.
+    st_coords: cute.Tensor
+    dq_coords: cute.Tensor
+    store_ds: Any
+    sdS: cute.Tensor
+
+
+def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
+    """[first, last) query blocks that see some key of key block ``n_block``.
+
+    Plain integer arithmetic, so the same function runs inside the kernel (on Int32) and in
+    the CPU tests (on ints). Causal: query row i sees keys <= i + seqlen_k - seqlen_q.
+    """
+    m_begin = 0
+    if causal:
+        m_begin = cutlass.max(n_block * tile_n - seqlen_k + seqlen_q, 0) // tile_m
+    return m_begin, cute.ceil_div(seqlen_q, tile_m)
+
+
+def masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
+    """Query blocks in [m_begin, this) need a mask; the rest see every key of the block.
+
+    A key block that runs past seqlen_k is masked for all its query blocks (the rows of K
+    past the end are zeros, not -inf); otherwise, when causal, the blocks before the first
+    row that sees the block's last key. Branch-free, like ``query_block_range``.
+    """
+    end = m_begin
+    if causal:
+        full_row = (n_block + 1) * tile_n - 1 - seqlen_k + seqlen_q
+        end = cutlass.max(cutlass.min(cute.ceil_div(cutlass.max(full_row, 0), tile_m), m_end), m_begin)
+    # 1 when the block runs past seqlen_k, else 0.
+    past_end = cutlass.min(cutlass.max((n_block + 1) * tile_n - seqlen_k, 0), 1)
+    return end + past_end * (m_end - end)
+
+
+class Sm90BackwardKernel:
+    """The main backward kernel for one configuration and one 16-bit dtype (MHA only)."""
+
+    def __init__(self, config: Sm90BackwardConfig, dtype: Type[cutlass.Numeric]):
+        self.config = config
+        self.dtype = dtype
+        self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
+        self.causal = config.causal
+        self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
+        self.budget = register_budget(config.consumer_warpgroups)
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
+        mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
+        mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
+        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        mdV: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        mQ, mK, mV, mdO, mdK, mdV = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+            for t in (mQ, mK, mV, mdO, mdK, mdV)
+        ]
+        mLSELog2, mD, mdQAccum = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0])) for t in (mLSELog2, mD, mdQAccum)
+        ]
+        major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        along_m = (self.config.consumer_warpgroups, 1, 1)
+        # Sᵀ and dPᵀ: M = keys (64 per warpgroup), N = queries, K = head_dim.
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_k, Float32, along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.tile_m)
+        )
+        # dV and dK: M = keys, N = head_dim, K = queries; A (Pᵀ, dSᵀ) from registers, B (dO,
+        # Q) read as (head_dim, queries), head_dim contiguous.
+        tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_mn, Float32, along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        # dQ: M = queries, N = head_dim split between the warpgroups, K = keys; dS read as
+        # (queries, keys) and K as (head_dim, keys), both from shared memory.
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_mn, major_mn, Float32, (1, self.config.consumer_warpgroups, 1),
+            (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim // self.config.consumer_warpgroups),
+        )
+
+        sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.q_stages)
+        sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
+        sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
+        sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m)
+
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        atom_q, tma_q = cpasync.make_tiled_tma_atom(load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
+        atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
+        atom_dk, tma_dk = cpasync.make_tiled_tma_atom(store, mdK, sK_layout, (self.tile_n, self.head_dim))
+        atom_dv, tma_dv = cpasync.make_tiled_tma_atom(store, mdV, sK_layout, (self.tile_n, self.head_dim))
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
+
+        self.kernel(
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mLSELog2, mD, mdQAccum,
+            atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv,
+            softmax_scale,
+            sQ_layout, sdO_layout, sK_layout, sdS_layout,
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout),
+        ).launch(
+            grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])),
+            block=[self.budget.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout) -> Type:
+        def buffer(layout):
+            return cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], SMEM_ALIGN_BYTES]
+
+        fields = {
+            "kv_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(1)],
+            "q_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.config.q_stages)],
+            "do_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.config.do_stages)],
+            "sK": buffer(sK_layout),
+            "sV": buffer(sK_layout),
+            "sQ": buffer(sQ_layout),
+            "sdO": buffer(sdO_layout),
+            "sdS": buffer(sdS_layout),
+        }
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    # ---------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mLSELog2: cute.Tensor,
+        mD: cute.Tensor,
+        mdQAccum: cute.Tensor,
+        atom_q: cute.CopyAtom,
+        atom_k: cute.CopyAtom,
+        atom_v: cute.CopyAtom,
+        atom_do: cute.CopyAtom,
+        atom_dk: cute.CopyAtom,
+        atom_dv: cute.CopyAtom,
+        softmax_scale: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n_block, head, batch = cute.arch.block_idx()
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        kv_ring = make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads)
+        q_ring = make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads)
+        do_ring = make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        finish_init()
+
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
+            cute.arch.setmaxregister_decrease(self.budget.producer)
+            if warp_idx == 0:
+                self.produce(
+                    mQ, mK, mV, mdO, atom_q, atom_k, atom_v, atom_do, sQ, sK, sV, sdO,
+                    kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.budget.consumer)
+            tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+            self.consume(
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS,
+                kv_ring, q_ring, do_ring, mLSELog2, mD, mdQAccum, mdK, mdV, atom_dk, atom_dv,
+                softmax_scale, n_block, head, batch, m_begin, m_end, seqlen_q, seqlen_k, tidx,
+            )
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def produce(
+        self, mQ, mK, mV, mdO, atom_q, atom_k, atom_v, atom_do, sQ, sK, sV, sdO,
+        kv_ring, q_ring, do_ring, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
+    ):
+        kv_state = producer_state(1)
+        kv_ring.producer_acquire(kv_state)
+        self.load_tile(atom_k, sK, mK[None, None, head, batch], self.tile_n, n_block, kv_ring, kv_state)
+        self.load_tile(atom_v, sV, mV[None, None, head, batch], self.tile_n, n_block, kv_ring, kv_state)
+        q_state = producer_state(self.config.q_stages)
+        do_state = producer_state(self.config.do_stages)
+        for m_block in cutlass.range(m_begin, m_end, unroll=1):
+            q_ring.producer_acquire(q_state)
+            self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
+                           q_ring, q_state)
+            q_state.advance()
+            do_ring.producer_acquire(do_state)
+            self.load_tile(atom_do, sdO[None, None, do_state.index], mdO[None, None, head, batch], self.tile_m,
+                           m_block, do_ring, do_state)
+            do_state.advance()
+
+    @cute.jit
+    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
+        """TMA of the (rows, head_dim) tile ``block`` of ``gmem`` into ``smem``, counted on
+        ``ring``'s barrier at ``state`` (acquired by the caller)."""
+        src, dst = self.tma_view(atom, smem, gmem, rows, block)
+        cute.copy(atom, src, dst, tma_bar_ptr=ring.producer_get_barrier(state))
+
+    def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
+        """(gmem, smem) partitions for a TMA copy of the (rows, head_dim) tile ``block``."""
+        tiles = cute.local_tile(gmem, (rows, self.head_dim), (block, 0))
+        s, g = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+        )
+        return g, s
+
+    # ------------------------------------------------------------------ consumers
+    @cute.jit
+    def consume(
+        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS,
+        kv_ring, q_ring, do_ring, mLSELog2, mD, mdQAccum, mdK, mdV, atom_dk, atom_dv,
+        softmax_scale: Float32, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
+        seqlen_q: Int32, seqlen_k: Int32, tidx: Int32,
+    ):
+        """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
+        ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx)
+        block = KeyBlock(n_block, head, batch, seqlen_q, seqlen_k)
+        rows = RowInputs(mLSELog2, mD, mdQAccum)
+        scale_log2 = softmax_scale * math.log2(math.e)
+        kv_state = consumer_state(1)
+        kv_ring.consumer_wait(kv_state)
+        q_state = consumer_state(self.config.q_stages)
+        do_state = consumer_state(self.config.do_stages)
+        masked_end = masked_block_end(
+            n_block, m_begin, m_end, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
+        )
+        for m_block in cutlass.range(m_begin, masked_end, unroll=1):
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, scale_log2, True)
+            q_state.advance()
+            do_state.advance()
+        for m_block in cutlass.range(masked_end, m_end, unroll=1):
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, scale_log2, False)
+            q_state.advance()
+            do_state.advance()
+        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
+
+    @cute.jit
+    def consumer_operands(
+        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx: Int32
+    ) -> BackwardOperands:
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
+        wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
+        wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
+        wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
+        d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
+        # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
+        # queries contiguous): the same swizzled bytes in another index order.
+        sQt = cute.composition(sQ, cute.make_ordered_layout((d, tile_m, self.config.q_stages), order=(1, 0, 2)))
+        sdOt = cute.composition(sdO, cute.make_ordered_layout((d, tile_m, self.config.do_stages), order=(1, 0, 2)))
+        sKt = cute.composition(sK, cute.make_ordered_layout((d, tile_n), order=(1, 0)))
+        sdSt = cute.composition(sdS, cute.make_ordered_layout((tile_m, tile_n), order=(1, 0)))
+        acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
+        acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
+        acc_dv.fill(0.0)
+        acc_dk.fill(0.0)
+        return BackwardOperands(
+            tiled_mma_sdp=tiled_mma_sdp,
+            tiled_mma_dkv=tiled_mma_dkv,
+            tiled_mma_dq=tiled_mma_dq,
+            tSrK=wg_sdp.make_fragment_A(wg_sdp.partition_A(sK)),
+            tSrQ=wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ)),
+            tdPrV=wg_sdp.make_fragment_A(wg_sdp.partition_A(sV)),
+            tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO)),
+            tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
+            tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
+            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
+            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
+            st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
+            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
+            pt=wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((tile_n, tile_m))),
+            dst=wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((tile_n, tile_m))),
+            acc_dv=acc_dv,
+            acc_dk=acc_dk,
+            st_coords=tiled_mma_sdp.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
+            dq_coords=tiled_mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, d))),
+            store_ds=cute.make_tiled_copy_C(
+                sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), tiled_mma_sdp
+            ).get_slice(tidx),
+            sdS=sdS,
+        )
+
+    @cute.jit
+    def step(
+        self,
+        ops: BackwardOperands,
+        q_ring,
+        do_ring,
+        q_state,
+        do_state,
+        rows: RowInputs,
+        block: KeyBlock,
+        m_block: Int32,
+        scale_log2: Float32,
+        masked: cutlass.Constexpr[bool],
+    ):
+        """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs."""
+        c = acc_rows_cols(ops.st_coords)
+        columns = cute.size(c, mode=[1])
+        # The statistics of this thread's query columns (L2-resident: a few KiB per head),
+        # loaded before the GEMMs so their latency hides behind them.
+        lse_log2 = cute.make_rmem_tensor(columns, Float32)
+        delta = cute.make_rmem_tensor(columns, Float32)
+        for j in cutlass.range_constexpr(columns):
+            row = m_block * self.tile_m + c[0, j][1]
+            lse_log2[j] = rows.lse_log2[row, block.head, block.batch]
+            delta[j] = rows.delta[row, block.head, block.batch]
+
+        q_ring.consumer_wait(q_state)
+        acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
+        warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
+        do_ring.consumer_wait(do_state)
+        acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
+        warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
+
+        # Pᵀ once Sᵀ is done, while dPᵀ still runs.
+        warpgroup.wait_group(1)
+        st = acc_rows_cols(acc_st)
+        for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
+            key = block.n_block * self.tile_n + c[i, 0][0]
+            for j in cutlass.range_constexpr(columns):
+                score = st[i, j]
+                if cutlass.const_expr(masked):
+                    last_key = block.seqlen_k - 1
+                    if cutlass.const_expr(self.causal):
+                        query = m_block * self.tile_m + c[i, j][1]
+                        last_key = cutlass.min(last_key, query + block.seqlen_k - block.seqlen_q)
+                    score = score if key <= last_key else -Float32.inf
+                st[i, j] = cute.math.exp2(score * scale_log2 - lse_log2[j], fastmath=True)
+        convert_packed(acc_as_a_operand(acc_st), ops.pt)
+
+        warpgroup.wait_group(0)
+        dpt = acc_rows_cols(acc_dpt)
+        for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
+            for j in cutlass.range_constexpr(columns):
+                dpt[i, j] = st[i, j] * (dpt[i, j] - delta[j])
+        convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
+        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
+
+        # dSᵀ to shared memory for the dQ GEMM: first every warpgroup must be past the
+        # previous block's dQ GEMM, which read sdS; afterwards the wgmma (async proxy)
+        # reads what stmatrix (generic proxy) wrote.
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        ds_out = cute.make_rmem_tensor_like(acc_dpt, self.dtype)
+        ds_out.store(acc_dpt.load().to(self.dtype))
+        cute.copy(ops.store_ds, ops.store_ds.retile(ds_out), ops.store_ds.partition_D(ops.sdS))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+
+        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+        acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
+        warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
+        warpgroup.wait_group(0)
+        q_ring.consumer_release(q_state)
+        do_ring.consumer_release(do_state)
+
+        accum = rows.dq_accum[None, block.head, block.batch]
+        for i in cutlass.range_constexpr(cute.size(acc_dq)):
+            row, col = ops.dq_coords[i]
+            offset = (m_block * self.tile_m + row) * self.head_dim + col
+            cute.arch.red(accum.iterator + offset, acc_dq[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, atom_dk, atom_dv,
+                 block: KeyBlock, tidx: Int32):
+        """dK (times the softmax scale) and dV through K's and V's buffers, then TMA."""
+        store = cute.make_tiled_copy_C(
+            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), ops.tiled_mma_dkv
+        ).get_slice(tidx)
+        dk = cute.make_rmem_tensor_like(ops.acc_dk, self.dtype)
+        dk.store((ops.acc_dk.load() * softmax_scale).to(self.dtype))
+        dv = cute.make_rmem_tensor_like(ops.acc_dv, self.dtype)
+        dv.store(ops.acc_dv.load().to(self.dtype))
+        # Every GEMM that read K and V has completed in this warpgroup; the barrier covers
+        # the other one.
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+        cute.copy(store, store.retile(dk), store.partition_D(sK))
+        cute.copy(store, store.retile(dv), store.partition_D(sV))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+        if tidx == 0:
+            gdk, sdk = self.tma_view(atom_dk, sK, mdK[None, None, block.head, block.batch], self.tile_n, block.n_block)
+            cute.copy(atom_dk, sdk, gdk)
+            gdv, sdv = self.tma_view(atom_dv, sV, mdV[None, None, block.head, block.batch], self.tile_n, block.n_block)
+            cute.copy(atom_dv, sdv, gdv)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)

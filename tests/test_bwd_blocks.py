@@ -1,0 +1,46 @@
+"""The backward kernel's walk over query blocks, checked against brute force on CPU: the
+same functions the kernel runs (plain integer arithmetic) on Python ints."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flash4.kernels.sm90_bwd import masked_block_end, query_block_range
+
+TILE_N = 128
+
+
+def visible(i: int, j: int, seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
+    return j < seqlen_k and (not causal or j <= i + seqlen_k - seqlen_q)
+
+
+def cases():
+    rng = random.Random()
+    fixed = [(1, 1), (17, 17), (128, 128), (1000, 1000), (1000, 17), (17, 1000), (129, 300), (300, 129)]
+    drawn = [(rng.randint(1, 700), rng.randint(1, 700)) for _ in range(12)]
+    return fixed + drawn
+
+
+@pytest.mark.parametrize("tile_m", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_query_blocks_cover_every_visible_pair_and_unmasked_blocks_need_no_mask(tile_m, causal):
+    for seqlen_q, seqlen_k in cases():
+        for n_block in range(-(-seqlen_k // TILE_N)):
+            m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, tile_m, TILE_N, causal)
+            masked_end = masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m, TILE_N, causal)
+            assert 0 <= m_begin <= masked_end <= m_end, (seqlen_q, seqlen_k, n_block)
+            keys = range(n_block * TILE_N, (n_block + 1) * TILE_N)
+            for i in range(seqlen_q):
+                walked = m_begin * tile_m <= i < m_end * tile_m
+                if any(visible(i, j, seqlen_q, seqlen_k, causal) for j in keys):
+                    assert walked, f"row {i} sees key block {n_block} but is skipped ({seqlen_q}, {seqlen_k})"
+                if masked_end * tile_m <= i < m_end * tile_m:
+                    # Run without a mask: every key of the block must be visible to the row.
+                    assert all(visible(i, j, seqlen_q, seqlen_k, causal) for j in keys), (
+                        f"row {i} in an unmasked block misses keys of block {n_block} ({seqlen_q}, {seqlen_k})"
+                    )
+            # The first walked block holds a row that sees the key block (no wasted block).
+            first_rows = range(m_begin * tile_m, min((m_begin + 1) * tile_m, seqlen_q))
+            assert any(visible(i, j, seqlen_q, seqlen_k, causal) for i in first_rows for j in keys)
