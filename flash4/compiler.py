@@ -152,6 +152,36 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
+def _backward_arguments(dtype_name: str, head_dim: int) -> tuple:
+    import cutlass
+    import cutlass.cute as cute
+
+    dtype = _cutlass_dtype(dtype_name)
+    batch, seqlen_q, seqlen_k, heads, padded = (cute.sym_int() for _ in range(5))
+    q, do = (_fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES) for _ in range(2))
+    k, v, dk, dv = (_fake_tensor(dtype, (batch, seqlen_k, heads, head_dim), TMA_ALIGN_BYTES) for _ in range(4))
+    lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES) for _ in range(2))
+    dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, cutlass.Float32(1.0), stream
+
+
+def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
+    """The main backward kernel (kernels/sm90_bwd.py) for one ``Sm90BackwardConfig`` and
+    dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, softmax_scale)``
+    with torch tensors (see flash4.backward for the buffers)."""
+    import cutlass.cute as cute
+
+    from flash4.kernels.sm90_bwd import Sm90BackwardKernel
+
+    kernel = Sm90BackwardKernel(config, _cutlass_dtype(dtype_name))
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(kernel, *_backward_arguments(dtype_name, config.head_dim), options=flags)
+
+
+compiled_backward = functools.lru_cache(maxsize=None)(compile_backward)
+
+
 def compile_entry(
     entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True, keep_cubin: bool = False
 ) -> CompileReport:

@@ -1,0 +1,77 @@
+"""The Hopper backward pass, host side: buffers, the three launches, and the dQ conversion.
+
+WORK IN PROGRESS: the kernels compile for sm_90a but have not yet run on a GPU, and this
+module is not part of flash4's API (``flash_attn_func`` is not differentiable yet). The GPU
+tests in tests/test_bwd_gpu.py call it.
+
+    preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ accumulator = 0
+    main        dK, dV per key block; dQ added into the fp32 accumulator
+    dQ          accumulator · softmax_scale, in the input dtype (torch, for now)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flash4.checks import _misaligned, check_attention_args
+from flash4.compiler import compiled_backward, compiled_backward_preprocess
+from flash4.kernels.configs import Sm90BackwardConfig
+
+# Query rows per block by head dim: 128 where the Sᵀ and dPᵀ accumulators of 64 keys x 128
+# queries fit beside dK and dV (head dim 64); 64 at head dim 128.
+_TILE_M = {64: 128, 128: 64}
+SUPPORTED_HEAD_DIMS = tuple(sorted(_TILE_M))
+
+
+def backward_config(head_dim: int, causal: bool) -> Sm90BackwardConfig:
+    if head_dim not in _TILE_M:
+        raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
+    return Sm90BackwardConfig(head_dim=head_dim, tile_m=_TILE_M[head_dim], causal=causal)
+
+
+def attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``flash_attn_func(q, k, v, softmax_scale, causal)`` given its ``out``
+    and ``lse`` and the gradient ``dout`` of out. ``grads`` may give the three output
+    tensors (contiguous, like q, k, v); they are fully overwritten."""
+    problem = check_attention_args(q, k, v, softmax_scale, causal)
+    if problem.kv_heads != problem.heads:
+        raise ValueError(
+            f"the backward supports heads == kv_heads for now; got {problem.heads} query heads "
+            f"and {problem.kv_heads} kv heads"
+        )
+    for name, tensor in (("out", out), ("dout", dout)):
+        if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:
+            raise ValueError(f"{name} must be like q ({q.dtype}, {tuple(q.shape)}, {q.device}); got "
+                             f"{tensor.dtype}, {tuple(tensor.shape)}, {tensor.device}")
+        if tensor.stride(-1) != 1 or _misaligned(tensor):
+            raise ValueError(f"{name} must have a contiguous last dimension and 16-byte aligned strides "
+                             f"and start (TMA); got strides {tuple(tensor.stride())}")
+    lse_shape = (problem.batch, problem.heads, problem.seqlen_q)
+    if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {lse_shape}; got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
+    config = backward_config(problem.head_dim, causal)
+    batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
+    padded = -(-seqlen_q // config.tile_m) * config.tile_m
+    f32 = dict(dtype=torch.float32, device=q.device)
+    delta = torch.empty(batch, heads, padded, **f32)
+    lse_log2 = torch.empty(batch, heads, padded, **f32)
+    dq_accum = torch.empty(batch, heads, padded * head_dim, **f32)
+    if grads is None:
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    dq, dk, dv = grads
+    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
+    compiled_backward(config, problem.dtype)(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, problem.softmax_scale)
+    accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q]
+    dq.copy_((accum * problem.softmax_scale).transpose(1, 2))
+    return dq, dk, dv
