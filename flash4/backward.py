@@ -23,10 +23,11 @@ _TILE_M = {64: 128, 128: 64}
 SUPPORTED_HEAD_DIMS = tuple(sorted(_TILE_M))
 
 
-def backward_config(head_dim: int, causal: bool) -> Sm90BackwardConfig:
+def backward_config(head_dim: int, causal: bool, grouped: bool = False) -> Sm90BackwardConfig:
+    """``grouped``: several query heads share each kv head (GQA/MQA)."""
     if head_dim not in _TILE_M:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
-    return Sm90BackwardConfig(head_dim=head_dim, tile_m=_TILE_M[head_dim], causal=causal)
+    return Sm90BackwardConfig(head_dim=head_dim, tile_m=_TILE_M[head_dim], causal=causal, kv_accumulate=grouped)
 
 
 def attention_backward(
@@ -44,11 +45,6 @@ def attention_backward(
     and ``lse`` and the gradient ``dout`` of out. ``grads`` may give the three output
     tensors (contiguous, like q, k, v); they are fully overwritten."""
     problem = check_attention_args(q, k, v, softmax_scale, causal)
-    if problem.kv_heads != problem.heads:
-        raise ValueError(
-            f"the backward supports heads == kv_heads for now; got {problem.heads} query heads "
-            f"and {problem.kv_heads} kv heads"
-        )
     for name, tensor in (("out", out), ("dout", dout)):
         if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:
             raise ValueError(f"{name} must be like q ({q.dtype}, {tuple(q.shape)}, {q.device}); got "
@@ -60,7 +56,8 @@ def attention_backward(
     if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {lse_shape}; got "
                          f"{lse.dtype} {tuple(lse.shape)}")
-    config = backward_config(problem.head_dim, causal)
+    grouped = problem.kv_heads != problem.heads
+    config = backward_config(problem.head_dim, causal, grouped)
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -71,7 +68,14 @@ def attention_backward(
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
     compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
-    compiled_backward(config, problem.dtype)(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, problem.softmax_scale)
+    # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
+    dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
+    compiled_backward(config, problem.dtype)(
+        q, k, v, dout, lse_log2, delta, dq_accum, dk_out, dv_out, problem.softmax_scale
+    )
+    if grouped:
+        dk.copy_(dk_out)
+        dv.copy_(dv_out)
     accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q]
     dq.copy_((accum * problem.softmax_scale).transpose(1, 2))
     return dq, dk, dv

@@ -152,14 +152,17 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
-def _backward_arguments(dtype_name: str, head_dim: int) -> tuple:
+def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool) -> tuple:
     import cutlass
     import cutlass.cute as cute
 
     dtype = _cutlass_dtype(dtype_name)
-    batch, seqlen_q, seqlen_k, heads, padded = (cute.sym_int() for _ in range(5))
+    batch, seqlen_q, seqlen_k, heads, kv_heads, padded = (cute.sym_int() for _ in range(6))
     q, do = (_fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES) for _ in range(2))
-    k, v, dk, dv = (_fake_tensor(dtype, (batch, seqlen_k, heads, head_dim), TMA_ALIGN_BYTES) for _ in range(4))
+    k, v = (_fake_tensor(dtype, (batch, seqlen_k, kv_heads, head_dim), TMA_ALIGN_BYTES) for _ in range(2))
+    # dK, dV: in the input dtype, or fp32 accumulators for GQA/MQA.
+    grad_dtype, grad_align = (cutlass.Float32, DQ_ACCUM_ALIGN_BYTES) if kv_accumulate else (dtype, TMA_ALIGN_BYTES)
+    dk, dv = (_fake_tensor(grad_dtype, (batch, seqlen_k, kv_heads, head_dim), grad_align) for _ in range(2))
     lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES) for _ in range(2))
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -176,7 +179,9 @@ def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
 
     kernel = Sm90BackwardKernel(config, _cutlass_dtype(dtype_name))
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(kernel, *_backward_arguments(dtype_name, config.head_dim), options=flags)
+    return cute.compile(
+        kernel, *_backward_arguments(dtype_name, config.head_dim, config.kv_accumulate), options=flags
+    )
 
 
 compiled_backward = functools.lru_cache(maxsize=None)(compile_backward)

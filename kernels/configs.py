@@ -92,6 +92,8 @@ class Sm90BackwardConfig:
     q_stages: int = 2
     do_stages: int = 2
     causal: bool = False
+    # GQA/MQA: dK and dV added in fp32 into accumulators shared by a kv head's query heads.
+    kv_accumulate: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -1,6 +1,8 @@
 """Hopper (sm_90a) backward attention: dQ, dK, dV from Q, K, V, dO, and the forward's LSE.
 
 WORK IN PROGRESS: compiles for sm_90a; not yet run on a GPU, not wired into flash4's API.
+GQA/MQA: several query heads share a kv head, so their CTAs add dK and dV in fp32 into
+zeroed accumulators (``kv_accumulate``) instead of storing them.
 
 A CTA owns ``tile_n`` = 128 keys of one head and walks the query blocks that see them. Its
 two consumer warpgroups own 64 keys each and compute everything transposed, keys as rows:
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Type
+from typing import Any, Optional, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -55,6 +57,7 @@ class KeyBlock:
 
     n_block: Int32
     head: Int32
+    kv_head: Int32
     batch: Int32
     seqlen_q: Int32
     seqlen_k: Int32
@@ -128,7 +131,7 @@ def masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m: int, t
 
 
 class Sm90BackwardKernel:
-    """The main backward kernel for one configuration and one 16-bit dtype (MHA only)."""
+    """The main backward kernel for one configuration and one 16-bit dtype."""
 
     def __init__(self, config: Sm90BackwardConfig, dtype: Type[cutlass.Numeric]):
         self.config = config
@@ -143,14 +146,14 @@ class Sm90BackwardKernel:
     def __call__(
         self,
         mQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
-        mK: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
-        mV: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim)
         mdO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
         mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
-        mdK: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
-        mdV: cute.Tensor,  # (batch, seqlen_k, heads, head_dim)
+        mdK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
+        mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
@@ -191,8 +194,12 @@ class Sm90BackwardKernel:
         atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
         atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
         atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
-        atom_dk, tma_dk = cpasync.make_tiled_tma_atom(store, mdK, sK_layout, (self.tile_n, self.head_dim))
-        atom_dv, tma_dv = cpasync.make_tiled_tma_atom(store, mdV, sK_layout, (self.tile_n, self.head_dim))
+        # dK, dV: stored through shared memory by TMA, or (kv_accumulate) added in fp32
+        # straight from registers into accumulators that several query heads share.
+        atom_dk, tma_dk, atom_dv, tma_dv = None, mdK, None, mdV
+        if cutlass.const_expr(not self.config.kv_accumulate):
+            atom_dk, tma_dk = cpasync.make_tiled_tma_atom(store, mdK, sK_layout, (self.tile_n, self.head_dim))
+            atom_dv, tma_dv = cpasync.make_tiled_tma_atom(store, mdV, sK_layout, (self.tile_n, self.head_dim))
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
@@ -243,8 +250,8 @@ class Sm90BackwardKernel:
         atom_k: cute.CopyAtom,
         atom_v: cute.CopyAtom,
         atom_do: cute.CopyAtom,
-        atom_dk: cute.CopyAtom,
-        atom_dv: cute.CopyAtom,
+        atom_dk: Optional[cute.CopyAtom],
+        atom_dv: Optional[cute.CopyAtom],
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
@@ -294,8 +301,9 @@ class Sm90BackwardKernel:
     ):
         kv_state = producer_state(1)
         kv_ring.producer_acquire(kv_state)
-        self.load_tile(atom_k, sK, mK[None, None, head, batch], self.tile_n, n_block, kv_ring, kv_state)
-        self.load_tile(atom_v, sV, mV[None, None, head, batch], self.tile_n, n_block, kv_ring, kv_state)
+        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        self.load_tile(atom_k, sK, mK[None, None, kv_head, batch], self.tile_n, n_block, kv_ring, kv_state)
+        self.load_tile(atom_v, sV, mV[None, None, kv_head, batch], self.tile_n, n_block, kv_ring, kv_state)
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
@@ -333,7 +341,7 @@ class Sm90BackwardKernel:
     ):
         """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
         ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx)
-        block = KeyBlock(n_block, head, batch, seqlen_q, seqlen_k)
+        block = KeyBlock(n_block, head, head // (mdQAccum.shape[1] // mdK.shape[2]), batch, seqlen_q, seqlen_k)
         rows = RowInputs(mLSELog2, mD, mdQAccum)
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
@@ -483,7 +491,30 @@ class Sm90BackwardKernel:
     @cute.jit
     def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, atom_dk, atom_dv,
                  block: KeyBlock, tidx: Int32):
-        """dK (times the softmax scale) and dV through K's and V's buffers, then TMA."""
+        """dK (times the softmax scale) and dV: stored, or added into shared accumulators."""
+        if cutlass.const_expr(self.config.kv_accumulate):
+            coords = ops.tiled_mma_dkv.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((self.tile_n, self.head_dim))
+            )
+            dk_rows = mdK[None, None, block.kv_head, block.batch]
+            dv_rows = mdV[None, None, block.kv_head, block.batch]
+            for i in cutlass.range_constexpr(cute.size(ops.acc_dk)):
+                key, col = coords[i]
+                key = block.n_block * self.tile_n + key
+                if key < block.seqlen_k:
+                    offset = cute.crd2idx((key, col), dk_rows.layout)
+                    cute.arch.red(dk_rows.iterator + offset, ops.acc_dk[i] * softmax_scale, op="add", dtype="f32",
+                                  sem="relaxed", scope="gpu")
+                    offset = cute.crd2idx((key, col), dv_rows.layout)
+                    cute.arch.red(dv_rows.iterator + offset, ops.acc_dv[i], op="add", dtype="f32",
+                                  sem="relaxed", scope="gpu")
+        else:
+            self.store_dkv(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
+
+    @cute.jit
+    def store_dkv(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, atom_dk, atom_dv,
+                  block: KeyBlock, tidx: Int32):
+        """dK and dV through K's and V's buffers, then TMA."""
         store = cute.make_tiled_copy_C(
             sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), ops.tiled_mma_dkv
         ).get_slice(tidx)

@@ -52,13 +52,14 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("head_dim", (64, 128))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, tmp_path):
+@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
+def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, grouped, tmp_path):
     # Work in progress (not yet run on a GPU): it must build for sm_90a with the instructions
     # its design depends on. Spills are reported, not yet asserted away (d64 spills today).
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward
 
-    config = backward_config(head_dim, causal)
+    config = backward_config(head_dim, causal, grouped)
     compiled = compile_backward(config, "bfloat16", "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={tmp_path}")
     ptx = compiled.__ptx__
     # Per query block, masked and mask-free: Sᵀ and dPᵀ (head_dim / 16 k-slices each), dV
@@ -66,4 +67,9 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, tmp
     per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + config.tile_m // 64 * config.tile_n // 16
     assert ptx.count("wgmma.mma_async") == 2 * per_block
     assert "stmatrix" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
-    assert "red.relaxed.gpu.global.add.f32" in ptx
+    # dQ (and, grouped, dK and dV) are added in fp32; otherwise dK and dV leave by TMA.
+    reductions = ptx.count("red.relaxed.gpu.global.add.f32")
+    dq_per_block = config.tile_m * head_dim // 256
+    dkv = 2 * config.tile_n * head_dim // 256 if grouped else 0
+    assert reductions == 2 * dq_per_block + dkv
+    assert ("cp.async.bulk.tensor.4d.global.shared" in ptx) != grouped
