@@ -76,6 +76,7 @@ def attention_backward(
     if grouped:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
-    accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q]
-    dq.copy_((accum * problem.softmax_scale).transpose(1, 2))
+    # One torch kernel: scale, convert and transpose (b, h, s, d) -> (b, s, h, d).
+    accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q].transpose(1, 2)
+    torch.mul(accum, problem.softmax_scale, out=dq)
     return dq, dk, dv
