@@ -246,3 +246,76 @@ def attention_backward_in_dtype(
     out, _ = attention_in_dtype(q, k, v, softmax_scale=softmax_scale, causal=causal)
     out.backward(dout.to(out.dtype))
     return q.grad, k.grad, v.grad
+
+
+def blockwise_attention_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    dout: Tensor,
+    lse: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_m: int = 64,
+    block_n: int = 128,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward kernels' algorithm (kernels/sm90_bwd*.py) tile by tile, in float32: the
+    model the kernels must match. Returns (dq, dk, dv) like :func:`attention_backward`.
+
+    Preprocess: D = rowsum(dO ∘ O) and lse_log2 = LSE · log2(e) per query row, padded to
+    whole query blocks with D = 0 and lse_log2 = +inf (0 where LSE = -inf); Q and dO rows
+    past seqlen_q, and K and V rows past seqlen_k, are zeros (what TMA loads there). Then
+    each key block walks the query blocks the kernel walks, masking only those the kernel
+    masks, and adds dS K into an fp32 dQ accumulator.
+    """
+    from flash4.kernels.sm90_bwd import masked_block_end, query_block_range
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    scale = default_softmax_scale(head_dim) if softmax_scale is None else softmax_scale
+    scale_log2 = scale * LOG2_E
+    padded_q = -(-seqlen_q // block_m) * block_m
+    padded_k = -(-seqlen_k // block_n) * block_n
+
+    def rows_first(t: Tensor, padded: int) -> Tensor:
+        """(b, s, h, d) -> float32 (b, h, padded, d), zero rows past s."""
+        t = t.float().transpose(1, 2)
+        return torch.nn.functional.pad(t, (0, 0, 0, padded - t.shape[2]))
+
+    q_, do_ = rows_first(q, padded_q), rows_first(dout, padded_q)
+    k_ = rows_first(_expand_kv_heads(k, heads), padded_k)
+    v_ = rows_first(_expand_kv_heads(v, heads), padded_k)
+    delta = torch.zeros(batch, heads, padded_q, device=q.device)
+    delta[:, :, :seqlen_q] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    lse_log2 = torch.full((batch, heads, padded_q), math.inf, device=q.device)
+    lse_log2[:, :, :seqlen_q] = torch.where(lse == -math.inf, 0.0, lse.float() * LOG2_E)
+
+    dq_accum = torch.zeros(batch, heads, padded_q, head_dim, device=q.device)
+    dk = torch.zeros(batch, heads, padded_k, head_dim, device=q.device)
+    dv = torch.zeros_like(dk)
+    for n_block in range(padded_k // block_n):
+        keys = slice(n_block * block_n, (n_block + 1) * block_n)
+        m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, block_m, block_n, causal)
+        masked_end = masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, block_m, block_n, causal)
+        for m_block in range(m_begin, m_end):
+            queries = slice(m_block * block_m, (m_block + 1) * block_m)
+            st = k_[:, :, keys] @ q_[:, :, queries].transpose(-1, -2)  # (b, h, keys, queries)
+            if m_block < masked_end:
+                key_idx = torch.arange(keys.start, keys.stop, device=q.device).unsqueeze(1)
+                query_idx = torch.arange(queries.start, queries.stop, device=q.device).unsqueeze(0)
+                visible = key_idx < seqlen_k
+                if causal:
+                    visible = visible & (key_idx <= query_idx + seqlen_k - seqlen_q)
+                st = st.masked_fill(~visible, -math.inf)
+            pt = torch.exp2(st * scale_log2 - lse_log2[:, :, queries].unsqueeze(-2))
+            dpt = v_[:, :, keys] @ do_[:, :, queries].transpose(-1, -2)
+            dst = pt * (dpt - delta[:, :, queries].unsqueeze(-2))
+            dv[:, :, keys] += pt @ do_[:, :, queries]
+            dk[:, :, keys] += dst @ q_[:, :, queries]
+            dq_accum[:, :, queries] += dst.transpose(-1, -2) @ k_[:, :, keys]
+
+    dq = (dq_accum[:, :, :seqlen_q] * scale).transpose(1, 2)
+    dk = (dk[:, :, :seqlen_k] * scale).transpose(1, 2)
+    dv = dv[:, :, :seqlen_k].transpose(1, 2)
+    return dq, _sum_over_query_groups(dk, kv_heads), _sum_over_query_groups(dv, kv_heads)
