@@ -476,11 +476,20 @@ class Sm90BackwardKernel:
         q_ring.consumer_release(q_state)
         do_ring.consumer_release(do_state)
 
+        # Element pairs 2i, 2i+1 of a wgmma accumulator are adjacent columns of one row: one
+        # 8-byte vector reduction each.
         accum = rows.dq_accum[None, block.head, block.batch]
-        for i in cutlass.range_constexpr(cute.size(acc_dq)):
-            row, col = ops.dq_coords[i]
-            offset = (m_block * self.tile_m + row) * self.head_dim + col
-            cute.arch.red(accum.iterator + offset, acc_dq[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        pair = cute.make_rmem_tensor(2, Float32)
+        for i in cutlass.range_constexpr(cute.size(acc_dq) // 2):
+            row, col = ops.dq_coords[2 * i]
+            pair[0] = acc_dq[2 * i]
+            pair[1] = acc_dq[2 * i + 1]
+            self.add_pair(accum.iterator + (m_block * self.tile_m + row) * self.head_dim + col, pair)
+
+    @staticmethod
+    def add_pair(address, pair: cute.Tensor) -> None:
+        """Atomically add two adjacent fp32 values into global memory (8-byte aligned)."""
+        cute.arch.red(address, pair.load().ir_value(), op="add", dtype="f32", sem="relaxed", scope="gpu")
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
@@ -493,16 +502,17 @@ class Sm90BackwardKernel:
             )
             dk_rows = mdK[None, None, block.kv_head, block.batch]
             dv_rows = mdV[None, None, block.kv_head, block.batch]
-            for i in cutlass.range_constexpr(cute.size(ops.acc_dk)):
-                key, col = coords[i]
+            pair = cute.make_rmem_tensor(2, Float32)
+            for i in cutlass.range_constexpr(cute.size(ops.acc_dk) // 2):
+                key, col = coords[2 * i]
                 key = block.n_block * self.tile_n + key
                 if key < block.seqlen_k:
-                    offset = cute.crd2idx((key, col), dk_rows.layout)
-                    cute.arch.red(dk_rows.iterator + offset, ops.acc_dk[i] * softmax_scale, op="add", dtype="f32",
-                                  sem="relaxed", scope="gpu")
-                    offset = cute.crd2idx((key, col), dv_rows.layout)
-                    cute.arch.red(dv_rows.iterator + offset, ops.acc_dv[i], op="add", dtype="f32",
-                                  sem="relaxed", scope="gpu")
+                    pair[0] = ops.acc_dk[2 * i] * softmax_scale
+                    pair[1] = ops.acc_dk[2 * i + 1] * softmax_scale
+                    self.add_pair(dk_rows.iterator + cute.crd2idx((key, col), dk_rows.layout), pair)
+                    pair[0] = ops.acc_dv[2 * i]
+                    pair[1] = ops.acc_dv[2 * i + 1]
+                    self.add_pair(dv_rows.iterator + cute.crd2idx((key, col), dv_rows.layout), pair)
         else:
             self.store_dkv(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
 

@@ -68,8 +68,9 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert ptx.count("wgmma.mma_async") == 2 * per_block
     assert "stmatrix" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     # dQ (and, grouped, dK and dV) are added in fp32; otherwise dK and dV leave by TMA.
-    reductions = ptx.count("red.relaxed.gpu.global.add.f32")
-    dq_per_block = config.tile_m * head_dim // 256
-    dkv = 2 * config.tile_n * head_dim // 256 if grouped else 0
+    # Two adjacent values per 8-byte reduction, from every thread's share of the tiles.
+    reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
+    dq_per_block = config.tile_m * head_dim // (2 * 256)
+    dkv = 2 * config.tile_n * head_dim // (2 * 256) if grouped else 0
     assert reductions == 2 * dq_per_block + dkv
     assert ("cp.async.bulk.tensor.4d.global.shared" in ptx) != grouped
