@@ -48,7 +48,7 @@ from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, regi
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, warpgroup_gemm
+from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, tma_tile, warpgroup_gemm
 
 
 @dataclass(frozen=True)
@@ -320,16 +320,8 @@ class Sm90BackwardKernel:
     def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
         """TMA of the (rows, head_dim) tile ``block`` of ``gmem`` into ``smem``, counted on
         ``ring``'s barrier at ``state`` (acquired by the caller)."""
-        src, dst = self.tma_view(atom, smem, gmem, rows, block)
-        cute.copy(atom, src, dst, tma_bar_ptr=ring.producer_get_barrier(state))
-
-    def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
-        """(gmem, smem) partitions for a TMA copy of the (rows, head_dim) tile ``block``."""
-        tiles = cute.local_tile(gmem, (rows, self.head_dim), (block, 0))
-        s, g = cpasync.tma_partition(
-            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
-        )
-        return g, s
+        s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
+        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -535,9 +527,10 @@ class Sm90BackwardKernel:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
-            gdk, sdk = self.tma_view(atom_dk, sK, mdK[None, None, block.head, block.batch], self.tile_n, block.n_block)
+            tile = (self.tile_n, self.head_dim)
+            sdk, gdk = tma_tile(atom_dk, sK, mdK[None, None, block.head, block.batch], tile, block.n_block)
             cute.copy(atom_dk, sdk, gdk)
-            gdv, sdv = self.tma_view(atom_dv, sV, mdV[None, None, block.head, block.batch], self.tile_n, block.n_block)
+            sdv, gdv = tma_tile(atom_dv, sV, mdV[None, None, block.head, block.batch], tile, block.n_block)
             cute.copy(atom_dv, sdv, gdv)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)

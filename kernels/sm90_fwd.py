@@ -61,7 +61,7 @@ from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, warpgroup_gemm
+from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, tma_tile, warpgroup_gemm
 
 @dataclass(frozen=True)
 class Rings:
@@ -408,8 +408,9 @@ class Sm90ForwardKernel:
         mQ, mK, mV = loads.mQ, loads.mK, loads.mV
         tma_atom_K, tma_atom_V = loads.atom_k, loads.atom_v
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
-        tKsK, tKgK = self.tma_view(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], self.tile_n, None)
-        tVsV, tVgV = self.tma_view(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], self.tile_n, None)
+        kv_tile = (self.tile_n, self.head_dim)
+        tKsK, tKgK = tma_tile(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], kv_tile, None)
+        tVsV, tVgV = tma_tile(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], kv_tile, None)
         k_ring, v_ring = rings.k, rings.v
 
         # K of the first block goes out before Q: both are needed for the first GEMM, and
@@ -441,23 +442,12 @@ class Sm90ForwardKernel:
     def load_q(self, loads: Loads, rings: Rings, tile: Tile, q_state):
         """The tile's Q, once the consumers have given the buffer back (see
         ``q_freed_by_store``); returns the Q ring's next state."""
-        tQsQ, tQgQ = self.tma_view(
-            loads.atom_q, rings.sQ, loads.mQ[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
-        )
+        q_tile = (self.tile_m, self.head_dim)
+        tQsQ, tQgQ = tma_tile(loads.atom_q, rings.sQ, loads.mQ[None, None, tile.head, tile.batch], q_tile, tile.m_block)
         rings.q.producer_acquire(q_state)
         cute.copy(loads.atom_q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
         q_state.advance()
         return q_state
-
-    def tma_view(self, atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, rows: int, block):
-        """(smem, gmem) partitions for a TMA copy of (rows, head_dim) tiles of ``gmem``.
-
-        ``block`` picks one tile (Q); None keeps the tile index as the last mode (K, V).
-        """
-        tiles = cute.local_tile(gmem, (rows, self.head_dim), (block, 0))
-        return cpasync.tma_partition(
-            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
-        )
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -631,9 +621,8 @@ class Sm90ForwardKernel:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
-            tOsO, tOgO = self.tma_view(
-                tma_atom_O, sO, mO[None, None, tile.head, tile.batch], self.tile_m, tile.m_block
-            )
+            o_tile = (self.tile_m, self.head_dim)
+            tOsO, tOgO = tma_tile(tma_atom_O, sO, mO[None, None, tile.head, tile.batch], o_tile, tile.m_block)
             # Rows past seqlen_q are clipped by the TMA engine.
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()

@@ -1,5 +1,5 @@
-"""Hopper wgmma building blocks shared by the sm_90 kernels: operand tiles in shared memory
-and one warpgroup GEMM issued as a single commit group."""
+"""Hopper building blocks shared by the sm_90 kernels: swizzled operand tiles in shared
+memory, their TMA partitions, and one warpgroup GEMM issued as a single commit group."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Type
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
@@ -24,6 +24,15 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def tma_tile(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block):
+    """(smem, gmem) partitions for a TMA copy between ``smem`` and the ``tile``-shaped tiles
+    of the 2-D ``gmem``: ``block`` picks the row of tiles; None keeps it as the last mode."""
+    tiles = cute.local_tile(gmem, tile, (block, 0))
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+    )
 
 
 @cute.jit
