@@ -48,7 +48,7 @@ from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, regi
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
 
 @dataclass(frozen=True)
@@ -157,13 +157,8 @@ class Sm90BackwardKernel:
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
-        mQ, mK, mV, mdO, mdK, mdV = [
-            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-            for t in (mQ, mK, mV, mdO, mdK, mdV)
-        ]
-        mLSELog2, mD, mdQAccum = [
-            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0])) for t in (mLSELog2, mD, mdQAccum)
-        ]
+        mQ, mK, mV, mdO, mdK, mdV = (rows_first(t) for t in (mQ, mK, mV, mdO, mdK, mdV))
+        mLSELog2, mD, mdQAccum = (rows_first(t) for t in (mLSELog2, mD, mdQAccum))
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         along_m = (self.config.consumer_warpgroups, 1, 1)
         # Sᵀ and dPᵀ: M = keys (64 per warpgroup), N = queries, K = head_dim.

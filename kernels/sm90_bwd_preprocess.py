@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .wgmma import rows_first
 
 # 16-byte global loads: the widest a thread issues.
 LOAD_BYTES = 16
@@ -67,12 +68,7 @@ class Sm90BackwardPreprocess:
         mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
         stream: cuda.CUstream,
     ):
-        # (seqlen, head_dim, heads, batch) and (seqlen, heads, batch), as in the forward.
-        mO, mdO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mO, mdO)]
-        mLSE, mD, mLSELog2, mdQAccum = [
-            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
-            for t in (mLSE, mD, mLSELog2, mdQAccum)
-        ]
+        mO, mdO, mLSE, mD, mLSELog2, mdQAccum = (rows_first(t) for t in (mO, mdO, mLSE, mD, mLSELog2, mdQAccum))
         blocks = cute.ceil_div(cute.size(mO.shape[0]), self.block_rows)
         self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum).launch(
             grid=(blocks, cute.size(mO.shape[2]), cute.size(mO.shape[3])),

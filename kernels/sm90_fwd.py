@@ -61,7 +61,7 @@ from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
 @dataclass(frozen=True)
 class Rings:
@@ -147,13 +147,9 @@ class Sm90ForwardKernel:
         max_ctas: Int32,  # persistent kernels launch at most this many CTAs (the SM count)
         stream: cuda.CUstream,
     ):
-        # TMA tiles the first two modes: view the tensors as (seqlen, head_dim, heads, batch).
-        mQ, mK, mV, mO = [
-            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-            for t in (mQ, mK, mV, mO)
-        ]
+        mQ, mK, mV, mO = (rows_first(t) for t in (mQ, mK, mV, mO))
         if cutlass.const_expr(mLSE is not None):
-            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+            mLSE = rows_first(mLSE)
 
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         warpgroups_along_m = (self.consumer_warpgroups, 1, 1)

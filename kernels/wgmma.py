@@ -1,5 +1,6 @@
 """Hopper building blocks shared by the sm_90 kernels: swizzled operand tiles in shared
-memory, their TMA partitions, and one warpgroup GEMM issued as a single commit group."""
+memory, their TMA partitions, and one warpgroup GEMM issued as a single commit group; and
+the row-first view of flash4's tensors that all of them index."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def rows_first(t: cute.Tensor) -> cute.Tensor:
+    """A (batch, seqlen, heads, head_dim) tensor viewed as (seqlen, head_dim, heads, batch),
+    and a (batch, heads, seqlen) one as (seqlen, heads, batch): the tiled modes first, as
+    TMA and the kernels' tiles index them. Same memory, other mode order."""
+    order = [1, 3, 2, 0] if cute.rank(t.layout) == 4 else [2, 1, 0]
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
 
 
 def tma_tile(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block):
