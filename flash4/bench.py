@@ -58,6 +58,10 @@ REQUIRED_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg"
 
 FLASH4 = "flash4"
 PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4")
+# The backward's FLOPs are 2.5x the forward's (five GEMMs of the forward's size against two,
+# the papers' convention: S is recomputed, and dV, dP, dK, dQ each cost a forward GEMM).
+BACKWARD_FLOPS_NUM, BACKWARD_FLOPS_DEN = 5, 2
+PASSES = ("fwd", "bwd")
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,17 @@ class Shape:
     heads: int
     head_dim: int
     causal: bool
+    # The backward pass (dq, dk, dv from dout) instead of the forward.
+    backward: bool = False
 
     @property
     def flops(self) -> int:
-        return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        flops = attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        return flops * BACKWARD_FLOPS_NUM // BACKWARD_FLOPS_DEN if self.backward else flops
 
     def label(self) -> str:
-        return f"hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  b{self.batch:<3d} h{self.heads:<3d} " + (
-            "causal" if self.causal else "full  "
-        )
+        return f"{'bwd' if self.backward else 'fwd'} hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  " \
+               f"b{self.batch:<3d} h{self.heads:<3d} " + ("causal" if self.causal else "full  ")
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> int:
@@ -93,10 +99,13 @@ def protocol_shapes(
     head_dims: Sequence[int] = HEAD_DIMS,
     seqlens: Sequence[int] = SEQLENS,
     causal_modes: Sequence[bool] = (False, True),
+    passes: Sequence[str] = ("fwd",),
 ) -> tuple[Shape, ...]:
-    """The protocol's shapes, head dim outermost; batch is at least one sequence."""
+    """The protocol's shapes, pass then head dim outermost; batch is at least one sequence."""
     return tuple(
-        Shape(batch=max(1, TOKENS // seqlen), seqlen=seqlen, heads=HIDDEN // head_dim, head_dim=head_dim, causal=causal)
+        Shape(batch=max(1, TOKENS // seqlen), seqlen=seqlen, heads=HIDDEN // head_dim, head_dim=head_dim,
+              causal=causal, backward=pass_ == "bwd")
+        for pass_ in passes
         for head_dim in head_dims
         for causal in causal_modes
         for seqlen in seqlens
@@ -109,6 +118,7 @@ class Options:
     seqlens: tuple[int, ...] | None = None  # None: the protocol's (or the quick) list
     causal_modes: tuple[bool, ...] = (False, True)
     quick: bool = False
+    passes: tuple[str, ...] = ("fwd",)
     # Timings per provider, interleaved (see measure_shape).
     rounds: int = 1
     out: Path | None = None
@@ -116,7 +126,7 @@ class Options:
 
     def shapes(self) -> tuple[Shape, ...]:
         seqlens = self.seqlens or (QUICK_SEQLENS if self.quick else SEQLENS)
-        return protocol_shapes(self.head_dims, seqlens, self.causal_modes)
+        return protocol_shapes(self.head_dims, seqlens, self.causal_modes, self.passes)
 
 
 # --- timing -------------------------------------------------------------------------------
@@ -161,8 +171,9 @@ def _event_median_ms(fn: Callable[[], Any], calls: int) -> float:
 # --- providers ----------------------------------------------------------------------------
 
 # A provider turns (q, k, v, causal, scale), all in flash4's (b, s, h, d) layout, into a
-# no-argument call to time and a function that brings its result back to (b, s, h, d).
-# Everything else (layout views, backend lookups) happens once, outside the timed call.
+# no-argument call to time and a function that brings its result back to (b, s, h, d): the
+# output of a forward, dq of a backward. Everything else (layout views, backend lookups, a
+# backward's forward pass and dout) happens once, outside the timed call.
 Prepared = tuple[Callable[[], Any], Callable[[Any], torch.Tensor]]
 
 
@@ -170,6 +181,46 @@ def _flash4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     from flash4.interface import flash_attn_func
 
     return (lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)), (lambda out: out)
+
+
+def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    from flash4.backward import attention_backward
+    from flash4.interface import flash_attn_func
+
+    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    dout = _dout_like(out)
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    return (
+        (lambda: attention_backward(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal, grads=grads)),
+        (lambda result: result[0]),
+    )
+
+
+def _dout_like(out: torch.Tensor) -> torch.Tensor:
+    """The upstream gradient every backward provider of a shape gets: the same draw."""
+    generator = torch.Generator(device=out.device).manual_seed(DOUT_SEED)
+    return torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator)
+
+
+# One dout per shape for all backward providers, so their dq can be compared.
+DOUT_SEED = 1234
+
+
+def autograd_backward(
+    forward: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> Prepared:
+    """A peer's backward through torch autograd: ``forward(q, k, v)`` runs once here, with q,
+    k, v as leaves in flash4's layout; the timed call is ``torch.autograd.grad`` of its output
+    (the graph is kept for the next call). ``layout`` swaps the output between the peer's
+    layout and flash4's (a transpose is its own inverse)."""
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    out = forward(*leaves)
+    dout = layout(_dout_like(layout(out.detach())))
+    return (lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)), (lambda grads: grads[0])
 
 
 def _sdpa(backend_name: str) -> Callable[..., Prepared]:
@@ -193,6 +244,23 @@ def _sdpa(backend_name: str) -> Callable[..., Prepared]:
     return prepare
 
 
+def _sdpa_backward(backend_name: str) -> Callable[..., Prepared]:
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        def forward(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor) -> torch.Tensor:
+            # The backward runs on the backend of the forward that built the graph.
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                return scaled_dot_product_attention(
+                    *(x.transpose(1, 2) for x in (q_, k_, v_)), is_causal=causal, scale=scale
+                )
+
+        return autograd_backward(forward, q, k, v, layout=lambda x: x.transpose(1, 2))
+
+    return prepare
+
+
 # Peers outside torch (flash-attn-4) are adapted in perf/peer_providers.py, never in the
 # flash4 package: flash4 imports no peer. A flash4 imported from a checkout (an editable
 # install) loads that file from the checkout, whatever the working directory or script;
@@ -207,20 +275,27 @@ def _not_available(name: str) -> Callable[..., Prepared]:
     return prepare
 
 
-def _checkout_peers() -> dict[str, Callable[..., Prepared]]:
+def _checkout_peers(table: str = "PROVIDERS") -> dict[str, Callable[..., Prepared]]:
+    """The checkout's peer adapters: ``PROVIDERS`` (forward) or ``BACKWARD_PROVIDERS``."""
     if not PEER_PROVIDERS_FILE.is_file():
         return {"fa4": _not_available("fa4")}
     spec = importlib.util.spec_from_file_location("flash4_peer_providers", PEER_PROVIDERS_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.PROVIDERS)
+    return dict(getattr(module, table))
 
 
 PROVIDERS: dict[str, Callable[..., Prepared]] = {
     FLASH4: _flash4,
     "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
     "sdpa-flash": _sdpa("FLASH_ATTENTION"),
-    **_checkout_peers(),
+    **_checkout_peers("PROVIDERS"),
+}
+BACKWARD_PROVIDERS: dict[str, Callable[..., Prepared]] = {
+    FLASH4: _flash4_backward,
+    "sdpa-cudnn": _sdpa_backward("CUDNN_ATTENTION"),
+    "sdpa-flash": _sdpa_backward("FLASH_ATTENTION"),
+    **_checkout_peers("BACKWARD_PROVIDERS"),
 }
 
 
@@ -258,7 +333,7 @@ def _error_text(exc: BaseException) -> str:
 def measure_shape(
     shape: Shape,
     timer: Timer,
-    providers: dict[str, Callable[..., Prepared]] = PROVIDERS,
+    providers: dict[str, Callable[..., Prepared]] | None = None,
     device: str = "cuda",
     rounds: int = 1,
 ) -> ShapeRecord:
@@ -269,6 +344,8 @@ def measure_shape(
     seconds, so back-to-back timings of one kernel differed by up to 10% on the H200, and
     timing one provider after another would hand that drift to the ratio.
     """
+    if providers is None:
+        providers = BACKWARD_PROVIDERS if shape.backward else PROVIDERS
     shape_qkv = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
     q, k, v = (torch.randn(shape_qkv, dtype=DTYPE, device=device) for _ in range(3))
     scale = 1.0 / math.sqrt(shape.head_dim)
@@ -392,7 +469,7 @@ def benchmark(options: Options, found: str) -> int:
     env = environment()
     print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
     print(f"timing: {timer.description}, {options.rounds} round(s) per provider, interleaved, "
-          f"median kept; TFLOP/s of the forward pass, {DTYPE}")
+          f"median kept; TFLOP/s ({'+'.join(options.passes)}; backward FLOPs = 2.5x forward), {DTYPE}")
     print(table_header())
     records = []
     for shape in options.shapes():

@@ -46,6 +46,7 @@ def bench(args: argparse.Namespace, command: str) -> int:
         seqlens=tuple(args.seqlen) if args.seqlen else None,
         causal_modes=_CAUSAL_MODES[args.causal],
         quick=args.quick,
+        passes=tuple(args.passes),
         rounds=args.rounds,
         out=args.out,
         command=command,
@@ -76,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--causal", choices=tuple(_CAUSAL_MODES), default="both")
     bench_parser.add_argument("--quick", action="store_true",
                               help="seqlens 1024/4096/16384 (unless --seqlen) and shorter timing")
+    bench_parser.add_argument("--pass", dest="passes", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
+                              help="forward and/or backward (dq, dk, dv from dout; FLOPs 2.5x forward)")
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")

@@ -22,4 +22,17 @@ def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale:
     )
 
 
+def _fa4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    from flash_attn.cute import flash_attn_func
+
+    from flash4.bench import autograd_backward
+
+    def forward(q_: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor) -> torch.Tensor:
+        out = flash_attn_func(q_, k_, v_, softmax_scale=scale, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    return autograd_backward(forward, q, k, v)
+
+
 PROVIDERS: dict[str, Callable[..., Any]] = {"fa4": _fa4}
+BACKWARD_PROVIDERS: dict[str, Callable[..., Any]] = {"fa4": _fa4_backward}

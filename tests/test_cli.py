@@ -207,3 +207,41 @@ def test_peers_outside_torch_come_from_the_checkout(monkeypatch: pytest.MonkeyPa
     prepare = bench._checkout_peers()["fa4"]
     with pytest.raises(ImportError, match="measured from a flash4 checkout"):
         prepare()
+
+
+def test_backward_shapes_count_two_and_a_half_forward_flops() -> None:
+    shapes = bench.protocol_shapes((128,), (1024,), (False, True), passes=("fwd", "bwd"))
+    assert [(s.backward, s.causal) for s in shapes] == [(False, False), (False, True), (True, False), (True, True)]
+    for forward, backward in zip(shapes[:2], shapes[2:]):
+        assert backward.flops * 2 == forward.flops * 5
+        assert backward.label().startswith("bwd") and forward.label().startswith("fwd")
+
+
+def test_cli_pass_option_selects_backward_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "run", lambda options: seen.append(options) or 0)
+    assert cli.main(["bench", "--pass", "fwd", "bwd", "--hdim", "64", "--seqlen", "512"]) == 0
+    assert seen[0].passes == ("fwd", "bwd")
+    assert sum(s.backward for s in seen[0].shapes()) == 2
+
+
+def test_autograd_backward_gives_the_gradients_for_the_shared_dout() -> None:
+    # The peers' backward adapter, on CPU with torch's math attention in the peer's own
+    # (b, h, s, d) layout: the timed call returns dq, dk, dv for the seeded dout.
+    from flash4 import reference
+
+    q, k, v = (torch.randn(2, 40, 3, 16, dtype=torch.float64) for _ in range(3))
+
+    def forward(q_, k_, v_):
+        return torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q_, k_, v_)))
+
+    run, first = bench.autograd_backward(forward, q, k, v, layout=lambda x: x.transpose(1, 2))
+    grads = run()
+    out, lse = reference.attention(q, k, v, compute_dtype=torch.float64)
+    dout = bench._dout_like(out)
+    expected = reference.attention_backward(q, k, v, out, dout, lse, compute_dtype=torch.float64)
+    for got, want in zip(grads, expected):
+        assert (got - want).abs().max().item() < 1e-10
+    assert first(grads) is grads[0]
+    # Timed again on the kept graph: the same gradients.
+    assert all(torch.equal(a, b) for a, b in zip(run(), grads))
