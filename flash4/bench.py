@@ -484,8 +484,19 @@ def benchmark(options: Options, found: str) -> int:
         payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
                    "rounds": options.rounds,
                    "records": [dataclasses.asdict(r) for r in records]}
-        write_json(options.out, payload)
+        write_report(options.out, payload)
     return 0
+
+
+def write_report(out: Path, payload: dict[str, Any]) -> None:
+    """``out`` ending in .json: that file and the markdown report beside it (.md); anything
+    else is a folder that gets report.json and report.md."""
+    from flash4.report import report_markdown
+
+    json_path, md_path = (out, out.with_suffix(".md")) if out.suffix == ".json" else (out / "report.json", out / "report.md")
+    write_json(json_path, payload)
+    md_path.write_text(report_markdown(payload) + "\n")
+    print(f"wrote {md_path}")
 
 
 def compile_only(options: Options) -> int:

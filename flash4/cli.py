@@ -39,6 +39,8 @@ def info(arch: str | None) -> int:
 
 
 def bench(args: argparse.Namespace, command: str) -> int:
+    if args.compare:
+        return compare(*args.compare)
     from flash4 import bench as bench_module  # imports torch; keep `info --arch` light
 
     options = bench_module.Options(
@@ -52,6 +54,19 @@ def bench(args: argparse.Namespace, command: str) -> int:
         command=command,
     )
     return bench_module.run(options)
+
+
+def compare(a: Path, b: Path) -> int:
+    """Print the shape-by-shape comparison of two benchmark JSON files."""
+    from flash4 import report
+
+    try:
+        runs = [report.load(path) for path in (a, b)]
+    except ValueError as exc:
+        print(f"cannot compare: {exc}")
+        return 2
+    print(report.compare_markdown(*runs, a_name=a.stem, b_name=b.stem), end="")
+    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -82,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")
-    bench_parser.add_argument("--out", type=Path, help="write the results as JSON to this file")
+    bench_parser.add_argument("--out", type=Path,
+                              help="FILE.json: the results there and a markdown report beside it (.md); "
+                                   "otherwise a folder for report.json and report.md")
+    bench_parser.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
+                              help="instead of timing: compare two runs' results shape by shape")
     return parser
 
 

@@ -1,0 +1,128 @@
+"""Benchmark results as markdown: the report of one run, and the comparison of two.
+
+Both read the JSON that ``python -m flash4 bench --out`` writes: a header (GPU, versions,
+command, timer) and one record per shape, each with every provider's TFLOP/s and flash4's
+ratio to the best peer. Records written before the backward pass existed count as forward.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+FLASH4 = "flash4"
+# How many shapes the summary names at each end of the ratio range.
+SUMMARY_SHAPES = 3
+
+Key = tuple[str, int, bool, int]  # (pass, head dim, causal, seqlen)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A benchmark JSON, or a ValueError that names the file and what is wrong with it."""
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
+        raise ValueError(f"{path}: no 'records' list; not the output of `python -m flash4 bench --out`")
+    return payload
+
+
+def key(record: dict[str, Any]) -> Key:
+    shape = record["shape"]
+    return ("bwd" if shape.get("backward") else "fwd", shape["head_dim"], shape["causal"], shape["seqlen"])
+
+
+def tflops(record: dict[str, Any], provider: str) -> float | None:
+    return (record["results"].get(provider) or {}).get("tflops")
+
+
+def _label(k: Key) -> str:
+    pass_, head_dim, causal, seqlen = k
+    return f"{pass_} d{head_dim} {'causal' if causal else 'full'} s{seqlen}"
+
+
+def _cell(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def report_markdown(payload: dict[str, Any]) -> str:
+    """One run: its provenance, a summary of flash4's ratios (worst and best shapes first),
+    then a table per pass and head dim."""
+    records = payload["records"]
+    providers = list(dict.fromkeys(name for r in records for name in r["results"]))
+    lines = [
+        f"# flash4 benchmark: {payload.get('gpu')}",
+        "",
+        f"{payload.get('date')}; torch {payload.get('torch')}, cutlass-dsl {payload.get('cutlass_dsl')}, "
+        f"flash-attn-4 {payload.get('flash_attn_4')}, cuDNN {payload.get('cudnn')}.",
+        f"Command: `{payload.get('command')}`. Timing: {payload.get('timer')}, "
+        f"{payload.get('rounds', 1)} round(s) per provider. TFLOP/s; the backward counts 2.5x the forward's FLOPs.",
+        "",
+    ]
+    for pass_ in ("fwd", "bwd"):
+        rows = [r for r in records if key(r)[0] == pass_]
+        ratios = sorted((r["ratio_vs_best_peer"], key(r)) for r in rows if r.get("ratio_vs_best_peer") is not None)
+        if not rows:
+            continue
+        lines.append(f"## {'Forward' if pass_ == 'fwd' else 'Backward'}")
+        lines.append("")
+        if ratios:
+            ahead = sum(ratio >= 1.0 for ratio, _ in ratios)
+            worst = ", ".join(f"{_label(k)} {ratio:.2f}" for ratio, k in ratios[:SUMMARY_SHAPES])
+            best = ", ".join(f"{_label(k)} {ratio:.2f}" for ratio, k in ratios[::-1][:SUMMARY_SHAPES])
+            lines += [
+                f"flash4 / best peer: {ratios[0][0]:.2f}–{ratios[-1][0]:.2f} over {len(ratios)} shapes, "
+                f"ahead (>= 1.00) on {ahead}.",
+                f"Worst: {worst}. Best: {best}.",
+                "",
+            ]
+        for head_dim in sorted({key(r)[1] for r in rows}):
+            lines += [f"### head dim {head_dim}", ""]
+            lines.append("| mask | seqlen | " + " | ".join(providers) + " | flash4 / best |")
+            lines.append("|---|---|" + "---|" * (len(providers) + 1))
+            for r in sorted((r for r in rows if key(r)[1] == head_dim), key=key):
+                _, _, causal, seqlen = key(r)
+                cells = " | ".join(_cell(tflops(r, p)) for p in providers)
+                lines.append(f"| {'causal' if causal else 'full'} | {seqlen} | {cells} | "
+                             f"{_cell(r.get('ratio_vs_best_peer'), 3)} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def compare_markdown(a: dict[str, Any], b: dict[str, Any], a_name: str = "A", b_name: str = "B") -> str:
+    """Two runs (two GPUs, or two versions), shape by shape: flash4's TFLOP/s in each and
+    their ratio B/A, and flash4's ratio to the best peer in each."""
+    by_key_a = {key(r): r for r in a["records"]}
+    by_key_b = {key(r): r for r in b["records"]}
+    common = sorted(by_key_a.keys() & by_key_b.keys())
+    lines = [
+        f"# {b_name} against {a_name}",
+        "",
+        f"{a_name}: {a.get('gpu')}, {a.get('date')}, `{a.get('command')}`",
+        f"{b_name}: {b.get('gpu')}, {b.get('date')}, `{b.get('command')}`",
+        "",
+        f"| shape | flash4 {a_name} | flash4 {b_name} | {b_name} / {a_name} | "
+        f"flash4/best {a_name} | flash4/best {b_name} |",
+        "|---|---|---|---|---|---|",
+    ]
+    speedups = []
+    for k in common:
+        ra, rb = by_key_a[k], by_key_b[k]
+        ta, tb = tflops(ra, FLASH4), tflops(rb, FLASH4)
+        speedup = tb / ta if ta and tb else None
+        if speedup is not None:
+            speedups.append(speedup)
+        lines.append(f"| {_label(k)} | {_cell(ta)} | {_cell(tb)} | {_cell(speedup, 3)} | "
+                     f"{_cell(ra.get('ratio_vs_best_peer'), 3)} | {_cell(rb.get('ratio_vs_best_peer'), 3)} |")
+    lines.append("")
+    if speedups:
+        geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
+        lines.append(f"flash4 {b_name} / {a_name}: geometric mean {geomean:.3f} over {len(speedups)} shapes "
+                     f"(range {min(speedups):.3f}–{max(speedups):.3f}).")
+    only = sorted(by_key_a.keys() ^ by_key_b.keys())
+    if only:
+        lines.append(f"In one run only: {', '.join(_label(k) for k in only)}.")
+    return "\n".join(lines) + "\n"

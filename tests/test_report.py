@@ -1,0 +1,74 @@
+"""Markdown reports and comparisons of benchmark runs, from the JSON of real H200 runs kept
+in perf/results/h200 (recorded fixtures: the numbers below are read from them)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from flash4 import bench, cli, report
+
+RESULTS = Path(__file__).resolve().parents[1] / "perf" / "results" / "h200"
+RUN_A = RESULTS / "2026-11-29-fwd.json"
+RUN_B = RESULTS / "2026-11-29-fwd-rounds3.json"
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("| full") or line.startswith("| causal")]
+
+
+def test_report_summarises_the_ratio_range_and_tables_every_shape():
+    payload = report.load(RUN_B)
+    ratios = [r["ratio_vs_best_peer"] for r in payload["records"]]
+    text = report.report_markdown(payload)
+    assert f"{min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} shapes" in text
+    assert f"ahead (>= 1.00) on {sum(r >= 1 for r in ratios)}" in text
+    rows = _table_rows(text)
+    assert len(rows) == len(payload["records"]) == 36
+    # Each row carries the record's numbers: find d128 causal s1024 in the second table.
+    record = next(r for r in payload["records"] if report.key(r) == ("fwd", 128, True, 1024))
+    row = [r for r in rows if r[:2] == ["causal", "1024"]][1]
+    assert row[2] == f"{record['results']['flash4']['tflops']:.0f}"
+    assert row[-1] == f"{record['ratio_vs_best_peer']:.3f}"
+    assert "## Backward" not in text
+
+
+def test_compare_gives_flash4_speedups_shape_by_shape():
+    a, b = report.load(RUN_A), report.load(RUN_B)
+    text = report.compare_markdown(a, b, "old", "new")
+    lines = [line for line in text.splitlines() if line.startswith("| fwd")]
+    assert len(lines) == 36
+    k = ("fwd", 256, True, 4096)
+    ta = next(report.tflops(r, "flash4") for r in a["records"] if report.key(r) == k)
+    tb = next(report.tflops(r, "flash4") for r in b["records"] if report.key(r) == k)
+    line = next(line for line in lines if line.startswith("| fwd d256 causal s4096 |"))
+    assert f"| {tb / ta:.3f} |" in line
+    # A shape missing from one run is named, not silently dropped.
+    b_less = copy.deepcopy(b)
+    b_less["records"] = [r for r in b_less["records"] if report.key(r) != k]
+    assert "In one run only: fwd d256 causal s4096." in report.compare_markdown(a, b_less)
+
+
+def test_cli_compare_prints_the_table_and_rejects_unreadable_files(tmp_path, capsys):
+    assert cli.main(["bench", "--compare", str(RUN_A), str(RUN_B)]) == 0
+    assert "geometric mean" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"gpu": "x"}))
+    assert cli.main(["bench", "--compare", str(bad), str(RUN_B)]) == 2
+    assert "no 'records' list" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ("run.json", "reportdir"))
+def test_write_report_writes_json_and_markdown(tmp_path, name):
+    payload = report.load(RUN_B)
+    out = tmp_path / name
+    if out.suffix != ".json":
+        out.mkdir()
+    bench.write_report(out, payload)
+    json_path, md_path = (out, out.with_suffix(".md")) if out.suffix == ".json" else (out / "report.json", out / "report.md")
+    assert json.loads(json_path.read_text())["records"] == payload["records"]
+    assert md_path.read_text().startswith("# flash4 benchmark: NVIDIA H200")
