@@ -53,6 +53,7 @@ def flash_attn_func(
     (-inf for a row that sees no key).
     """
     problem = check_attention_args(q, k, v, softmax_scale, causal)
+    refuse_grad(q, k, v)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     # empty_like is the cheapest allocation call torch offers (about 2 us against 5 us for
@@ -81,6 +82,7 @@ def flash_attn_forward_into(
     (float32, contiguous (batch, heads, seqlen_q), or None to skip it): for CUDA graphs and
     buffer reuse."""
     problem = check_attention_args(q, k, v, softmax_scale, causal)
+    refuse_grad(q, k, v)
     buffers = [("out", out, tuple(q.shape), q.dtype)]
     if lse is not None:
         buffers.append(("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32))
@@ -95,6 +97,17 @@ def flash_attn_forward_into(
         if tensor.device != q.device:
             raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
     _launch(q, k, v, out, lse, problem)
+
+
+def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """flash4 has no backward yet (issue 4): an input that requires grad would silently get
+    none through attention, so the call is refused instead."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        names = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
+        raise NotImplementedError(
+            f"{', '.join(names)} requires grad, but flash4's backward is not available yet: call "
+            f"flash_attn_func under torch.no_grad() or with detached tensors"
+        )
 
 
 def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:

@@ -314,3 +314,19 @@ def test_batch_and_heads_beyond_the_grid_limit(name, q_shape, kv_shape):
     k = torch.zeros(1, dtype=torch.bfloat16).expand(*kv_shape)
     with pytest.raises(ValueError, match=rf"^{name} \(q\.shape\[\d\]\) is 65536; at most 65535"):
         check_attention_args(q, k, k, None, False)
+
+
+def test_inputs_that_require_grad_are_refused_until_the_backward_exists():
+    # No backward yet: gradients would silently stop at attention, so the call is refused,
+    # naming the inputs; without grad mode, or with detached inputs, it is allowed.
+    from flash4.interface import refuse_grad
+
+    q, k, v = make_qkv()
+    refuse_grad(q, k, v)
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match=r"^k, v requires grad.*torch.no_grad\(\)"):
+        refuse_grad(q, k, v)
+    with torch.no_grad():
+        refuse_grad(q, k, v)
+    refuse_grad(q, k.detach(), v.detach())

@@ -256,3 +256,13 @@ def test_unsupported_head_dim_raises_before_launch():
     q, k, v = _inputs(1, 16, 16, 2, 2, 72, torch.bfloat16, 10)
     with pytest.raises(ValueError, match="head_dim=72"):
         flash4.flash_attn_func(q, k, v)
+
+
+def test_inputs_requiring_grad_are_refused_before_launch():
+    q, k, v = _inputs(1, 64, 64, 2, 2, 64, torch.bfloat16, seed=7)
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="q requires grad"):
+        flash4.flash_attn_func(q, k, v)
+    with torch.no_grad():
+        out = flash4.flash_attn_func(q, k, v)
+    assert not out.isnan().any()
