@@ -62,6 +62,11 @@ PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4")
 # the papers' convention: S is recomputed, and dV, dP, dK, dQ each cost a forward GEMM).
 BACKWARD_FLOPS_NUM, BACKWARD_FLOPS_DEN = 5, 2
 PASSES = ("fwd", "bwd")
+# The outputs every provider is checked against, first available first.
+REFERENCE_PROVIDERS = ("sdpa-cudnn", "sdpa-flash")
+# Correct kernels differ from the reference by rounding: below 1% of its largest value on
+# the protocol's shapes in bf16 (forward outputs and dq alike). 5% is wrong, not rounding.
+WRONG_RELATIVE = 0.05
 
 
 @dataclass(frozen=True)
@@ -363,6 +368,7 @@ def measure_shape(
             runs[name] = run
         except Exception as exc:  # a peer that cannot run is data, not a reason to stop
             errors[name] = _error_text(exc)
+    errors.update(wrong_outputs(outputs))
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -383,7 +389,7 @@ def measure_shape(
         )
 
     diff, against = None, None
-    reference = next((n for n in ("sdpa-cudnn", "sdpa-flash") if n in outputs), None)
+    reference = next((n for n in REFERENCE_PROVIDERS if n in outputs), None)
     if FLASH4 in outputs and reference is not None:
         diff = float((outputs[FLASH4].float() - outputs[reference].float()).abs().max())
         against = reference
@@ -393,6 +399,24 @@ def measure_shape(
     ours = results[FLASH4].tflops if FLASH4 in results else None
     ratio = ours / peers[best] if best is not None and ours is not None else None
     return ShapeRecord(shape, shape.flops, results, diff, against, ratio, best)
+
+
+def wrong_outputs(outputs: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Providers whose output (forward) or dq (backward) is wrong, with the reason: not
+    finite, or farther from the first SDPA backend's than WRONG_RELATIVE of its largest
+    magnitude. A wrong kernel is reported, not timed."""
+    reference = next((n for n in REFERENCE_PROVIDERS if n in outputs), None)
+    if reference is None:
+        return {}
+    expected = outputs[reference].float()
+    size = float(expected.abs().max())
+    wrong = {}
+    for name, output in outputs.items():
+        diff = float((output.float() - expected).abs().max())
+        if not math.isfinite(diff) or diff > WRONG_RELATIVE * size:
+            wrong[name] = (f"wrong output: max|diff| {diff:.3g} against {reference}, more than "
+                           f"{WRONG_RELATIVE:.0%} of its largest value {size:.3g}; not timed")
+    return wrong
 
 
 # --- output -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ list of the performance protocol, the per-shape record, and the compile-only fal
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import types
@@ -95,12 +96,12 @@ def _failing(*args: object) -> bench.Prepared:
 
 
 def test_measure_shape_records_ratio_diff_and_errors() -> None:
-    """Fake providers on CPU: a fixed time each, one that cannot import, one off by 0.5."""
+    """Fake providers on CPU: a fixed time each, one that cannot import, one off by 0.01."""
     times = {"flash4": 2.0, "sdpa-cudnn": 4.0, "sdpa-flash": 3.0}
 
     def shifted(*args: object) -> bench.Prepared:
         run, to_bshd = _sdpa_math(*args)  # type: ignore[arg-type]
-        return run, lambda out: to_bshd(out) + 0.5
+        return run, lambda out: to_bshd(out) + 0.01
 
     providers = {"flash4": shifted, "sdpa-cudnn": _sdpa_math, "sdpa-flash": _sdpa_math, "fa4": _failing}
     calls = iter(times.values())
@@ -113,7 +114,7 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
     assert record.best_peer == "sdpa-flash"
     assert record.ratio_vs_best_peer == pytest.approx(3.0 / 2.0)
     assert record.diff_against == "sdpa-cudnn"
-    assert record.max_abs_diff == pytest.approx(0.5, abs=1e-2)
+    assert record.max_abs_diff == pytest.approx(0.01, abs=1e-3)
     row = bench.table_row(record)
     assert "1.500" in row and "error" in row
 
@@ -245,3 +246,42 @@ def test_autograd_backward_gives_the_gradients_for_the_shared_dout() -> None:
     assert first(grads) is grads[0]
     # Timed again on the kept graph: the same gradients.
     assert all(torch.equal(a, b) for a, b in zip(run(), grads))
+
+
+def test_a_wrong_provider_is_reported_and_not_timed() -> None:
+    """Outputs off by a quarter of the reference's range, or NaN, are wrong: never timed."""
+    timed: list[str] = []
+
+    def off_by(delta: float):
+        def prepare(*args: object) -> bench.Prepared:
+            run, to_bshd = _sdpa_math(*args)  # type: ignore[arg-type]
+            return run, lambda out: to_bshd(out) + delta * to_bshd(out).abs().max()
+
+        return prepare
+
+    def named(name, prepare):
+        def wrapped(*args: object) -> bench.Prepared:
+            run, to_bshd = prepare(*args)
+
+            def tagged():
+                timed.append(name)
+                return run()
+
+            return tagged, to_bshd
+
+        return wrapped
+
+    providers = {
+        "flash4": named("flash4", off_by(0.25)),
+        "sdpa-cudnn": named("sdpa-cudnn", _sdpa_math),
+        "fa4": named("fa4", off_by(math.nan)),
+    }
+    shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=16, causal=False)
+    record = bench.measure_shape(shape, bench.Timer("fake", lambda fn: (fn(), 1.0)[1]), providers=providers,
+                                 device="cpu")
+    assert record.results["flash4"].error.startswith("wrong output: max|diff|")
+    assert "not timed" in record.results["fa4"].error
+    assert record.results["sdpa-cudnn"].tflops is not None
+    # Each ran once for the check; only the reference was timed afterwards.
+    assert timed.count("flash4") == timed.count("fa4") == 1 and timed.count("sdpa-cudnn") == 2
+    assert record.ratio_vs_best_peer is None
