@@ -489,8 +489,11 @@ def run(options: Options) -> int:
 
 
 def benchmark(options: Options, found: str) -> int:
+    from flash4.machine import device_facts, gpu_state
+
     timer = make_timer(options.quick)
     env = environment()
+    machine = {"device": device_facts(), "before": gpu_state()}
     print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
     print(f"timing: {timer.description}, {options.rounds} round(s) per provider, interleaved, "
           f"median kept; TFLOP/s ({'+'.join(options.passes)}; backward FLOPs = 2.5x forward), {DTYPE}")
@@ -501,12 +504,14 @@ def benchmark(options: Options, found: str) -> int:
         records.append(record)
         print(table_row(record), flush=True)
         torch.cuda.empty_cache()
+    machine["after"] = gpu_state()
+    print(f"GPU state before: {machine['before']}\nGPU state after:  {machine['after']}")
     errors = sorted({(n, m.error) for r in records for n, m in r.results.items() if m.error})
     for name, error in errors:
         print(f"{name}: {error}")
     if options.out is not None:
         payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
-                   "rounds": options.rounds,
+                   "rounds": options.rounds, "machine": machine,
                    "records": [dataclasses.asdict(r) for r in records]}
         write_report(options.out, payload)
     return 0

@@ -48,6 +48,14 @@ def _cell(value: float | None, digits: int = 0) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _state(state: dict[str, Any] | None) -> str:
+    """A GPU state record (flash4.machine.gpu_state) in words."""
+    if not state or "error" in state:
+        return f"unknown ({(state or {}).get('error', 'not recorded')})"
+    return (f"SM clock {state.get('sm_clock_mhz')} of {state.get('sm_clock_max_mhz')} MHz, "
+            f"{state.get('power_w')} W of {state.get('power_limit_w')} W, {state.get('temperature_c')} C")
+
+
 def report_markdown(payload: dict[str, Any]) -> str:
     """One run: its provenance, a summary of flash4's ratios (worst and best shapes first),
     then a table per pass and head dim."""
@@ -60,8 +68,11 @@ def report_markdown(payload: dict[str, Any]) -> str:
         f"flash-attn-4 {payload.get('flash_attn_4')}, cuDNN {payload.get('cudnn')}.",
         f"Command: `{payload.get('command')}`. Timing: {payload.get('timer')}, "
         f"{payload.get('rounds', 1)} round(s) per provider. TFLOP/s; the backward counts 2.5x the forward's FLOPs.",
-        "",
     ]
+    machine = payload.get("machine")
+    if machine:
+        lines.append(f"GPU state before: {_state(machine.get('before'))}; after: {_state(machine.get('after'))}.")
+    lines.append("")
     for pass_ in ("fwd", "bwd"):
         rows = [r for r in records if key(r)[0] == pass_]
         ratios = sorted((r["ratio_vs_best_peer"], key(r)) for r in rows if r.get("ratio_vs_best_peer") is not None)

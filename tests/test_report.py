@@ -72,3 +72,15 @@ def test_write_report_writes_json_and_markdown(tmp_path, name):
     json_path, md_path = (out, out.with_suffix(".md")) if out.suffix == ".json" else (out / "report.json", out / "report.md")
     assert json.loads(json_path.read_text())["records"] == payload["records"]
     assert md_path.read_text().startswith("# flash4 benchmark: NVIDIA H200")
+
+
+def test_report_states_the_gpu_clock_before_and_after_when_recorded():
+    payload = report.load(RUN_B)
+    payload["machine"] = {
+        "before": {"sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0, "power_w": 90.0, "power_limit_w": 700.0,
+                   "temperature_c": 35.0},
+        "after": {"error": "nvidia-smi not found"},
+    }
+    text = report.report_markdown(payload)
+    assert "GPU state before: SM clock 1980.0 of 1980.0 MHz, 90.0 W of 700.0 W, 35.0 C; " \
+           "after: unknown (nvidia-smi not found)." in text
