@@ -124,6 +124,8 @@ class Options:
     causal_modes: tuple[bool, ...] = (False, True)
     quick: bool = False
     passes: tuple[str, ...] = ("fwd",)
+    # The peers timed beside flash4 (names from PEERS).
+    peers: tuple[str, ...] = PEERS
     # Timings per provider, interleaved (see measure_shape).
     rounds: int = 1
     out: Path | None = None
@@ -422,7 +424,9 @@ def wrong_outputs(outputs: dict[str, torch.Tensor]) -> dict[str, str]:
 # --- output -------------------------------------------------------------------------------
 
 
-def _cell(m: Measurement) -> str:
+def _cell(m: Measurement | None) -> str:
+    if m is None:  # a peer left out with --peers
+        return f"{'-':>10}"
     return f"{m.tflops:10.1f}" if m.tflops is not None else f"{'error':>10}"
 
 
@@ -432,7 +436,7 @@ def table_header() -> str:
 
 
 def table_row(record: ShapeRecord) -> str:
-    cells = "".join(" " + _cell(record.results.get(n, Measurement(error="not run"))) for n in (FLASH4, *PEERS))
+    cells = "".join(" " + _cell(record.results.get(n)) for n in (FLASH4, *PEERS))
     ratio = f"{record.ratio_vs_best_peer:11.3f}" if record.ratio_vs_best_peer is not None else f"{'-':>11}"
     diff = f"{record.max_abs_diff:9.2e}" if record.max_abs_diff is not None else f"{'-':>9}"
     return f"{record.shape.label():46}{cells}  {ratio}  {diff}"
@@ -500,7 +504,9 @@ def benchmark(options: Options, found: str) -> int:
     print(table_header())
     records = []
     for shape in options.shapes():
-        record = measure_shape(shape, timer, rounds=options.rounds)
+        table = BACKWARD_PROVIDERS if shape.backward else PROVIDERS
+        providers = {name: prepare for name, prepare in table.items() if name == FLASH4 or name in options.peers}
+        record = measure_shape(shape, timer, providers=providers, rounds=options.rounds)
         records.append(record)
         print(table_row(record), flush=True)
         torch.cuda.empty_cache()

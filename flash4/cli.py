@@ -49,6 +49,7 @@ def bench(args: argparse.Namespace, command: str) -> int:
         causal_modes=_CAUSAL_MODES[args.causal],
         quick=args.quick,
         passes=tuple(args.passes),
+        peers=tuple(args.peers),
         rounds=args.rounds,
         out=args.out,
         command=command,
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                               help="seqlens 1024/4096/16384 (unless --seqlen) and shorter timing")
     bench_parser.add_argument("--pass", dest="passes", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
                               help="forward and/or backward (dq, dk, dv from dout; FLOPs 2.5x forward)")
+    bench_parser.add_argument("--peers", nargs="+", choices=("sdpa-cudnn", "sdpa-flash", "fa4"),
+                              default=["sdpa-cudnn", "sdpa-flash", "fa4"],
+                              help="the peers timed beside flash4 (default: all three)")
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")

@@ -285,3 +285,13 @@ def test_a_wrong_provider_is_reported_and_not_timed() -> None:
     # Each ran once for the check; only the reference was timed afterwards.
     assert timed.count("flash4") == timed.count("fa4") == 1 and timed.count("sdpa-cudnn") == 2
     assert record.ratio_vs_best_peer is None
+
+
+def test_cli_peers_option_restricts_the_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "run", lambda options: seen.append(options) or 0)
+    assert cli.main(["bench", "--peers", "sdpa-cudnn", "fa4"]) == 0
+    assert seen[0].peers == ("sdpa-cudnn", "fa4")
+    assert bench.Options().peers == bench.PEERS
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--peers", "xformers"])
