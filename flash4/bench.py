@@ -532,6 +532,21 @@ def write_report(out: Path, payload: dict[str, Any]) -> None:
     write_json(json_path, payload)
     md_path.write_text(report_markdown(payload) + "\n")
     print(f"wrote {md_path}")
+    write_plots(payload, md_path.parent, md_path.stem)
+
+
+def write_plots(payload: dict[str, Any], folder: Path, stem: str) -> None:
+    """The PNG plots beside the report (``<stem>-fwd.png`` ...), where matplotlib is
+    installed; elsewhere (the GPU machine need not have it) say how to make them later."""
+    from flash4.report import plot_report
+
+    try:
+        written = plot_report(payload, folder, prefix=f"{stem}-")
+    except ImportError as exc:
+        print(f"plots skipped ({exc}); later: python -m flash4 report RUN.json --plots DIR")
+        return
+    for path in written:
+        print(f"wrote {path}")
 
 
 def compile_only(options: Options) -> int:

@@ -1,4 +1,5 @@
-"""``python -m flash4``: ``info`` prints the selector's table, ``bench`` runs the benchmark."""
+"""``python -m flash4``: ``info`` prints the selector's table, ``bench`` runs the benchmark,
+``report`` turns a benchmark's JSON into markdown and plots."""
 
 from __future__ import annotations
 
@@ -57,6 +58,26 @@ def bench(args: argparse.Namespace, command: str) -> int:
     return bench_module.run(options)
 
 
+def report_command(run: Path, plots: Path | None) -> int:
+    """Print a run's markdown report and, with ``plots``, draw its PNG plots there."""
+    from flash4 import report
+
+    try:
+        payload = report.load(run)
+    except ValueError as exc:
+        print(f"cannot report: {exc}")
+        return 2
+    print(report.report_markdown(payload))
+    if plots is not None:
+        try:
+            for path in report.plot_report(payload, plots, prefix=f"{run.stem}-"):
+                print(f"wrote {path}")
+        except ImportError as exc:
+            print(f"cannot plot: {exc}")
+            return 2
+    return 0
+
+
 def compare(a: Path, b: Path) -> int:
     """Print the shape-by-shape comparison of two benchmark JSON files."""
     from flash4 import report
@@ -83,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     info_parser = commands.add_parser("info", help="print the kernel selector's table")
     info_parser.add_argument("--arch", help="an architecture such as sm_90a (default: this GPU's)")
+
+    report_parser = commands.add_parser("report", help="a benchmark JSON as a markdown report, and its plots")
+    report_parser.add_argument("run", type=Path, help="the JSON that `bench --out` wrote")
+    report_parser.add_argument("--plots", type=Path, help="draw the PNG plots into this folder (needs matplotlib)")
 
     bench_parser = commands.add_parser(
         "bench", help="time the forward pass against peers (or, without a supported GPU, compile every kernel)"
@@ -113,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "info":
         return info(args.arch)
+    if args.command == "report":
+        return report_command(args.run, args.plots)
     from flash4.bench import default_command
 
     command = default_command() if argv is None else "python -m flash4 " + " ".join(argv)

@@ -103,6 +103,51 @@ def report_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot_report(payload: dict[str, Any], folder: Path, prefix: str = "") -> list[Path]:
+    """TFLOP/s against seqlen, one PNG per pass (``<prefix><pass>.png``) with a panel per
+    head dim; a line per provider, solid without a mask and dashed with the causal one.
+    Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install matplotlib") from exc
+    records = payload["records"]
+    providers = list(dict.fromkeys(name for r in records for name in r["results"]))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for pass_ in ("fwd", "bwd"):
+        rows = [r for r in records if key(r)[0] == pass_]
+        head_dims = sorted({key(r)[1] for r in rows})
+        if not rows:
+            continue
+        fig, axes = plt.subplots(1, len(head_dims), figsize=(5 * len(head_dims), 4), squeeze=False)
+        for ax, head_dim in zip(axes[0], head_dims):
+            for index, provider in enumerate(providers):
+                for causal, style in ((False, "-"), (True, "--")):
+                    points = sorted((key(r)[3], tflops(r, provider)) for r in rows
+                                    if key(r)[1] == head_dim and key(r)[2] == causal and tflops(r, provider))
+                    if points:
+                        ax.plot(*zip(*points), style, marker="o", color=f"C{index}",
+                                label=f"{provider}{' causal' if causal else ''}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{pass_} head dim {head_dim}")
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"{payload.get('gpu')}, {str(payload.get('date'))[:10]}")
+        fig.tight_layout()
+        path = folder / f"{prefix}{pass_}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def compare_markdown(a: dict[str, Any], b: dict[str, Any], a_name: str = "A", b_name: str = "B") -> str:
     """Two runs (two GPUs, or two versions), shape by shape: flash4's TFLOP/s in each and
     their ratio B/A, and flash4's ratio to the best peer in each."""

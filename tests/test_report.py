@@ -72,6 +72,7 @@ def test_write_report_writes_json_and_markdown(tmp_path, name):
     json_path, md_path = (out, out.with_suffix(".md")) if out.suffix == ".json" else (out / "report.json", out / "report.md")
     assert json.loads(json_path.read_text())["records"] == payload["records"]
     assert md_path.read_text().startswith("# flash4 benchmark: NVIDIA H200")
+    assert (md_path.parent / f"{md_path.stem}-fwd.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_states_the_gpu_clock_before_and_after_when_recorded():
@@ -84,3 +85,19 @@ def test_report_states_the_gpu_clock_before_and_after_when_recorded():
     text = report.report_markdown(payload)
     assert "GPU state before: SM clock 1980.0 of 1980.0 MHz, 90.0 W of 700.0 W, 35.0 C; " \
            "after: unknown (nvidia-smi not found)." in text
+
+
+def test_plots_are_valid_pngs_one_per_pass(tmp_path):
+    payload = report.load(RUN_B)
+    written = report.plot_report(payload, tmp_path / "plots", prefix="run-")
+    assert [p.name for p in written] == ["run-fwd.png"]
+    data = written[0].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_cli_report_prints_markdown_and_draws_plots(tmp_path, capsys):
+    assert cli.main(["report", str(RUN_B), "--plots", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# flash4 benchmark: NVIDIA H200") and f"{RUN_B.stem}-fwd.png" in out
+    assert (tmp_path / f"{RUN_B.stem}-fwd.png").is_file()
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
