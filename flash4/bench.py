@@ -145,6 +145,38 @@ class Timer:
     milliseconds: Callable[[Callable[[], Any]], float]
 
 
+# A square GEMM this large runs the tensor cores at their sustained rate (the H200's bf16
+# rate, 801 TFLOP/s, was measured this way).
+CEILING_GEMM_SIZE = 8192
+# Bytes copied for the memory ceiling: far beyond the 50 MB L2, so HBM is what is timed.
+CEILING_COPY_BYTES = 2 * 1024**3
+
+
+def measure_ceilings(timer: Timer, device: str = "cuda", gemm_size: int = CEILING_GEMM_SIZE,
+                     copy_bytes: int = CEILING_COPY_BYTES) -> dict[str, Any]:
+    """What the GPU can do at all, timed like the kernels: bf16 and fp8 (e4m3) matmul
+    TFLOP/s through torch, and device-to-device copy GB/s (bytes read plus written). A
+    ceiling that cannot be measured (fp8 without support) is recorded as its error."""
+    n = gemm_size
+    ceilings: dict[str, Any] = {"gemm_size": n, "copy_bytes": copy_bytes}
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ceilings["bf16_matmul_tflops"] = 2 * n**3 / (timer.milliseconds(lambda: a @ b) * 1e-3) / 1e12
+    try:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
+        one = torch.ones((), device=device)
+        ms = timer.milliseconds(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        ceilings["fp8_matmul_tflops"] = 2 * n**3 / (ms * 1e-3) / 1e12
+    except Exception as exc:  # no fp8 GEMM here: data, not a reason to stop
+        ceilings["fp8_matmul_tflops"] = None
+        ceilings["fp8_error"] = _error_text(exc)
+    src = torch.empty(copy_bytes, device=device, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ceilings["copy_gb_per_s"] = 2 * copy_bytes / (timer.milliseconds(lambda: dst.copy_(src)) * 1e-3) / 1e9
+    del a, b, src, dst
+    return ceilings
+
+
 def make_timer(quick: bool) -> Timer:
     warmup, rep = (QUICK_WARMUP_MS, QUICK_REP_MS) if quick else (WARMUP_MS, REP_MS)
     try:
@@ -501,14 +533,17 @@ def benchmark(options: Options, found: str) -> int:
     print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
     print(f"timing: {timer.description}, {options.rounds} round(s) per provider, interleaved, "
           f"median kept; TFLOP/s ({'+'.join(options.passes)}; backward FLOPs = 2.5x forward), {DTYPE}")
+    ceilings = measure_ceilings(timer)
+    print("ceilings: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in ceilings.items()))
     print(table_header())
     records = []
-    for shape in options.shapes():
+    shapes = options.shapes()
+    for index, shape in enumerate(shapes, 1):
         table = BACKWARD_PROVIDERS if shape.backward else PROVIDERS
         providers = {name: prepare for name, prepare in table.items() if name == FLASH4 or name in options.peers}
         record = measure_shape(shape, timer, providers=providers, rounds=options.rounds)
         records.append(record)
-        print(table_row(record), flush=True)
+        print(f"{table_row(record)}  [{index}/{len(shapes)}]", flush=True)
         torch.cuda.empty_cache()
     machine["after"] = gpu_state()
     print(f"GPU state before: {machine['before']}\nGPU state after:  {machine['after']}")
@@ -517,7 +552,7 @@ def benchmark(options: Options, found: str) -> int:
         print(f"{name}: {error}")
     if options.out is not None:
         payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
-                   "rounds": options.rounds, "machine": machine,
+                   "rounds": options.rounds, "machine": machine, "ceilings": ceilings,
                    "records": [dataclasses.asdict(r) for r in records]}
         write_report(options.out, payload)
     return 0

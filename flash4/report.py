@@ -80,6 +80,11 @@ def report_markdown(payload: dict[str, Any]) -> str:
             continue
         lines.append(f"## {'Forward' if pass_ == 'fwd' else 'Backward'}")
         lines.append("")
+        ceiling = (payload.get("ceilings") or {}).get("bf16_matmul_tflops")
+        peak = max((tflops(r, FLASH4) or 0.0 for r in rows), default=0.0)
+        if ceiling and peak:
+            lines += [f"flash4's peak: {peak:.0f} TFLOP/s, {peak / ceiling:.0%} of the {ceiling:.0f} TFLOP/s "
+                      f"bf16 matmul ceiling measured in the same run.", ""]
         if ratios:
             ahead = sum(ratio >= 1.0 for ratio, _ in ratios)
             worst = ", ".join(f"{_label(k)} {ratio:.2f}" for ratio, k in ratios[:SUMMARY_SHAPES])

@@ -295,3 +295,15 @@ def test_cli_peers_option_restricts_the_providers(monkeypatch: pytest.MonkeyPatc
     assert bench.Options().peers == bench.PEERS
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["bench", "--peers", "xformers"])
+
+
+def test_measure_ceilings_arithmetic_and_fp8_error_recorded() -> None:
+    # On CPU with a timer that says 1 ms: 2 n^3 FLOPs per ms, 2 x bytes per ms. CPU has no
+    # fp8 GEMM here, which is recorded, not raised.
+    ceilings = bench.measure_ceilings(bench.Timer("fake", lambda fn: (fn(), 1.0)[1]), device="cpu",
+                                      gemm_size=64, copy_bytes=1024)
+    assert ceilings["bf16_matmul_tflops"] == pytest.approx(2 * 64**3 / 1e-3 / 1e12)
+    assert ceilings["copy_gb_per_s"] == pytest.approx(2 * 1024 / 1e-3 / 1e9)
+    assert ceilings["fp8_matmul_tflops"] is None or ceilings["fp8_matmul_tflops"] > 0
+    if ceilings["fp8_matmul_tflops"] is None:
+        assert ceilings["fp8_error"]

@@ -101,3 +101,10 @@ def test_cli_report_prints_markdown_and_draws_plots(tmp_path, capsys):
     assert out.startswith("# flash4 benchmark: NVIDIA H200") and f"{RUN_B.stem}-fwd.png" in out
     assert (tmp_path / f"{RUN_B.stem}-fwd.png").is_file()
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_report_states_flash4s_peak_against_the_measured_ceiling():
+    payload = report.load(RUN_B)
+    payload["ceilings"] = {"bf16_matmul_tflops": 801.0}
+    peak = max(r["results"]["flash4"]["tflops"] for r in payload["records"])
+    assert f"flash4's peak: {peak:.0f} TFLOP/s, {peak / 801:.0%} of the 801 TFLOP/s" in report.report_markdown(payload)
