@@ -71,7 +71,8 @@ def attention_backward(
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
     compiled_backward(config, problem.dtype)(
-        q, k, v, dout, lse_log2, delta, dq_accum, dk_out, dv_out, problem.softmax_scale
+        q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
+        problem.softmax_scale,
     )
     if grouped:
         dk.copy_(dk_out)

@@ -163,8 +163,9 @@ def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool) -> 
     # dK, dV: in the input dtype, or fp32 accumulators for GQA/MQA.
     grad_dtype, grad_align = (cutlass.Float32, DQ_ACCUM_ALIGN_BYTES) if kv_accumulate else (dtype, TMA_ALIGN_BYTES)
     dk, dv = (_fake_tensor(grad_dtype, (batch, seqlen_k, kv_heads, head_dim), grad_align) for _ in range(2))
-    lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES) for _ in range(2))
-    dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
+    # Read and written by TMA, per query block.
+    lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), TMA_ALIGN_BYTES) for _ in range(2))
+    dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), TMA_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return q, k, v, do, lse_log2, d, dq_accum, dk, dv, cutlass.Float32(1.0), stream
 

@@ -16,6 +16,8 @@ ROWS_PER_CONSUMER_WARPGROUP = 64
 SM90_SMEM_BYTES = 227 * 1024
 # Room reserved for the rings' mbarriers ahead of the 1 KiB-aligned tiles.
 BARRIER_BYTES = 1024
+# Accumulators, LSE and D are fp32.
+FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,13 @@ class Sm90BackwardConfig:
         return self.tile_n // ROWS_PER_CONSUMER_WARPGROUP
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """K and V, the Q and dO rings, and dS (keys x queries), plus barriers."""
+        """K and V, the Q and dO rings with their rows' fp32 LSE and D, dS (keys x
+        queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
-        rings = (self.q_stages + self.do_stages) * self.tile_m * self.head_dim * elem_bytes
+        rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
         ds = self.tile_n * self.tile_m * elem_bytes
-        return kv + rings + ds + BARRIER_BYTES
+        dq = self.tile_m * self.head_dim * FP32_BYTES
+        return kv + rings + ds + dq + BARRIER_BYTES
 
     def __post_init__(self) -> None:
         if self.tile_n != 2 * ROWS_PER_CONSUMER_WARPGROUP:

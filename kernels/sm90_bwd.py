@@ -1,6 +1,5 @@
 """Hopper (sm_90a) backward attention: dQ, dK, dV from Q, K, V, dO, and the forward's LSE.
 
-WORK IN PROGRESS: compiles for sm_90a; not yet run on a GPU, not wired into flash4's API.
 GQA/MQA: several query heads share a kv head, so their CTAs add dK and dV in fp32 into
 zeroed accumulators (``kv_accumulate``) instead of storing them.
 
@@ -14,7 +13,7 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
     dV += Pᵀ dO                (RS: Pᵀ straight from registers as the A operand)
     dK += dSᵀ Q                (RS)
     dQ  = dS K                 (SS: dSᵀ goes to shared memory, read transposed)
-    dQ_accum[query rows] += dQ (fp32 reductions in global memory)
+    dQ_accum[query rows] += dQ (fp32, one TMA reduction per tile from shared memory)
 
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
@@ -25,7 +24,7 @@ get P = 0; the dQ accumulator is converted to the input dtype (times the softmax
 afterwards.
 
 Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
-into rings; warpgroups 1 and 2 are the consumers.
+into rings, each with its rows' lse_log2 or D; warpgroups 1 and 2 are the consumers.
 """
 
 from __future__ import annotations
@@ -50,6 +49,12 @@ from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
+# A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
+# row tile's 32 banks in order).
+ROW_TILE_ALIGN_BYTES = 128
+# The consumer thread that issues dQ's TMA reductions and waits for their reads.
+DQ_ISSUER = 0
+
 
 @dataclass(frozen=True)
 class KeyBlock:
@@ -65,12 +70,21 @@ class KeyBlock:
 
 @dataclass(frozen=True)
 class RowInputs:
-    """Per query row, from the preprocess: LSE·log2(e) and D (padded), and the fp32 dQ
-    accumulator this kernel adds into; all viewed as (rows, heads, batch)."""
+    """Per query row, from the preprocess: LSE·log2(e) and D, staged in shared memory with
+    the query block's Q and dO tiles, as (tile_m, stages)."""
 
     lse_log2: cute.Tensor
     delta: cute.Tensor
-    dq_accum: cute.Tensor
+
+
+@dataclass(frozen=True)
+class DQReduction:
+    """dQ's way out: the fp32 tile in shared memory that the TMA engine adds into this
+    head's (padded seqlen_q, head_dim) accumulator."""
+
+    atom: cute.CopyAtom
+    smem: cute.Tensor
+    accum: cute.Tensor
 
 
 @dataclass(frozen=True)
@@ -95,11 +109,11 @@ class BackwardOperands:
     dst: cute.Tensor
     acc_dv: cute.Tensor
     acc_dk: cute.Tensor
-    # (key, query) of each Sᵀ element this thread holds; (query, column) of each of dQ's.
+    # (key, query) of each Sᵀ element this thread holds.
     st_coords: cute.Tensor
-    dq_coords: cute.Tensor
     store_ds: Any
     sdS: cute.Tensor
+    store_dq: Any
 
 
 def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
@@ -151,14 +165,15 @@ class Sm90BackwardKernel:
         mdO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
         mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
-        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
+        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32
         mdK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdK, mdV = (rows_first(t) for t in (mQ, mK, mV, mdO, mdK, mdV))
-        mLSELog2, mD, mdQAccum = (rows_first(t) for t in (mLSELog2, mD, mdQAccum))
+        mLSELog2, mD = rows_first(mLSELog2), rows_first(mD)
+        mdQAccum = cute.make_tensor(mdQAccum.iterator, cute.select(mdQAccum.layout, mode=[2, 3, 1, 0]))
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         along_m = (self.config.consumer_warpgroups, 1, 1)
         # Sᵀ and dPᵀ: M = keys (64 per warpgroup), N = queries, K = head_dim.
@@ -182,11 +197,21 @@ class Sm90BackwardKernel:
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m)
+        sdQ_layout = smem_tile_layout(Float32, self.tile_m, self.head_dim)
+        row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
         atom_q, tma_q = cpasync.make_tiled_tma_atom(load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
         atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        # A query block's LSE·log2(e) and D come with its Q and dO tiles, on their barriers.
+        atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load, mLSELog2, row_layout, (self.tile_m,))
+        atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load, mD, row_layout, (self.tile_m,))
+        # dQ leaves through shared memory: the TMA engine adds a whole fp32 tile into the
+        # accumulator, instead of every thread issuing one reduction per pair of values.
+        atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQAccum, sdQ_layout, (self.tile_m, self.head_dim)
+        )
         atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
         atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
         # dK, dV: stored through shared memory by TMA, or (kv_accumulate) added in fp32
@@ -195,16 +220,17 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(not self.config.kv_accumulate):
             atom_dk, tma_dk = cpasync.make_tiled_tma_atom(store, mdK, sK_layout, (self.tile_n, self.head_dim))
             atom_dv, tma_dv = cpasync.make_tiled_tma_atom(store, mdV, sK_layout, (self.tile_n, self.head_dim))
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        row_bytes = cute.size_in_bytes(Float32, row_layout)
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + row_bytes
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mLSELog2, mD, mdQAccum,
-            atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, tma_dq,
+            atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta, atom_dq,
             softmax_scale,
-            sQ_layout, sdO_layout, sK_layout, sdS_layout,
+            sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-            self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout),
+            self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout),
         ).launch(
             grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])),
             block=[self.budget.threads, 1, 1],
@@ -212,9 +238,12 @@ class Sm90BackwardKernel:
             min_blocks_per_mp=1,
         )
 
-    def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout) -> Type:
-        def buffer(layout):
-            return cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], SMEM_ALIGN_BYTES]
+    def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
+        def buffer(layout, dtype=self.dtype):
+            return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], SMEM_ALIGN_BYTES]
+
+        def rows(stages: int):
+            return cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * stages], ROW_TILE_ALIGN_BYTES]
 
         fields = {
             "kv_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(1)],
@@ -225,6 +254,9 @@ class Sm90BackwardKernel:
             "sQ": buffer(sQ_layout),
             "sdO": buffer(sdO_layout),
             "sdS": buffer(sdS_layout),
+            "sdQ": buffer(sdQ_layout, Float32),
+            "sLSE": rows(self.config.q_stages),
+            "sD": rows(self.config.do_stages),
         }
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
@@ -247,11 +279,15 @@ class Sm90BackwardKernel:
         atom_do: cute.CopyAtom,
         atom_dk: Optional[cute.CopyAtom],
         atom_dv: Optional[cute.CopyAtom],
+        atom_lse: cute.CopyAtom,
+        atom_delta: cute.CopyAtom,
+        atom_dq: cute.CopyAtom,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.ComposedLayout,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dkv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
@@ -268,6 +304,9 @@ class Sm90BackwardKernel:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.config.q_stages)))
+        sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.config.do_stages)))
         finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
@@ -276,23 +315,24 @@ class Sm90BackwardKernel:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
                 self.produce(
-                    mQ, mK, mV, mdO, atom_q, atom_k, atom_v, atom_do, sQ, sK, sV, sdO,
-                    kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
+                    mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
+                    sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
                 )
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS,
-                kv_ring, q_ring, do_ring, mLSELog2, mD, mdQAccum, mdK, mdV, atom_dk, atom_dv,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sD,
+                kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
                 softmax_scale, n_block, head, batch, m_begin, m_end, seqlen_q, seqlen_k, tidx,
             )
 
     # ------------------------------------------------------------------ producer
     @cute.jit
     def produce(
-        self, mQ, mK, mV, mdO, atom_q, atom_k, atom_v, atom_do, sQ, sK, sV, sdO,
-        kv_ring, q_ring, do_ring, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
+        self, mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
+        sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring,
+        n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
     ):
         kv_state = producer_state(1)
         kv_ring.producer_acquire(kv_state)
@@ -305,10 +345,12 @@ class Sm90BackwardKernel:
             q_ring.producer_acquire(q_state)
             self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
                            q_ring, q_state)
+            self.load_rows(atom_lse, sLSE[None, q_state.index], mLSELog2[None, head, batch], m_block, q_ring, q_state)
             q_state.advance()
             do_ring.producer_acquire(do_state)
             self.load_tile(atom_do, sdO[None, None, do_state.index], mdO[None, None, head, batch], self.tile_m,
                            m_block, do_ring, do_state)
+            self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state)
             do_state.advance()
 
     @cute.jit
@@ -318,18 +360,28 @@ class Sm90BackwardKernel:
         s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
         cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
+    @cute.jit
+    def load_rows(self, atom, smem, gmem, block: Int32, ring, state):
+        """TMA of the ``tile_m`` per-row values of query block ``block`` of ``gmem``."""
+        tiles = cute.local_tile(gmem, (self.tile_m,), (block,))
+        s_tile, g_tile = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 1), cute.group_modes(tiles, 0, 1)
+        )
+        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
+
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def consume(
-        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS,
-        kv_ring, q_ring, do_ring, mLSELog2, mD, mdQAccum, mdK, mdV, atom_dk, atom_dv,
+        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sD,
+        kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
         softmax_scale: Float32, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
         seqlen_q: Int32, seqlen_k: Int32, tidx: Int32,
     ):
         """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
         ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx)
-        block = KeyBlock(n_block, head, head // (mdQAccum.shape[1] // mdK.shape[2]), batch, seqlen_q, seqlen_k)
-        rows = RowInputs(mLSELog2, mD, mdQAccum)
+        block = KeyBlock(n_block, head, head // (mdQAccum.shape[2] // mdK.shape[2]), batch, seqlen_q, seqlen_k)
+        rows = RowInputs(sLSE, sD)
+        dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch])
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
         kv_ring.consumer_wait(kv_state)
@@ -339,13 +391,16 @@ class Sm90BackwardKernel:
             n_block, m_begin, m_end, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
         )
         for m_block in cutlass.range(m_begin, masked_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, scale_log2, True)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx, True)
             q_state.advance()
             do_state.advance()
         for m_block in cutlass.range(masked_end, m_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, scale_log2, False)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx, False)
             q_state.advance()
             do_state.advance()
+        if tidx == DQ_ISSUER:
+            # The CTA's shared memory must outlive the TMA engine's last read of dQ.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
 
     @cute.jit
@@ -387,11 +442,14 @@ class Sm90BackwardKernel:
             acc_dv=acc_dv,
             acc_dk=acc_dk,
             st_coords=tiled_mma_sdp.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
-            dq_coords=tiled_mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, d))),
             store_ds=cute.make_tiled_copy_C(
                 sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), tiled_mma_sdp
             ).get_slice(tidx),
             sdS=sdS,
+            # Pairs of adjacent fp32 columns as one 8-byte store.
+            store_dq=cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
+            ).get_slice(tidx),
         )
 
     @cute.jit
@@ -403,9 +461,11 @@ class Sm90BackwardKernel:
         q_state,
         do_state,
         rows: RowInputs,
+        dq_out: DQReduction,
         block: KeyBlock,
         m_block: Int32,
         scale_log2: Float32,
+        tidx: Int32,
         masked: cutlass.Constexpr[bool],
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs."""
@@ -418,13 +478,13 @@ class Sm90BackwardKernel:
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
 
-        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read where it
-        # is used (L2-resident, a few KiB per head): holding all of this thread's columns in
-        # registers spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
+        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read from
+        # shared memory where it is used: holding all of this thread's columns in registers
+        # spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
         warpgroup.wait_group(1)
         st = acc_rows_cols(acc_st)
         for j in cutlass.range_constexpr(columns):
-            lse_log2_j = rows.lse_log2[m_block * self.tile_m + c[0, j][1], block.head, block.batch]
+            lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -440,15 +500,18 @@ class Sm90BackwardKernel:
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(columns):
-            delta_j = rows.delta[m_block * self.tile_m + c[0, j][1], block.head, block.batch]
+            delta_j = rows.delta[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
         convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
         warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
 
         # dSᵀ to shared memory for the dQ GEMM: first every warpgroup must be past the
-        # previous block's dQ GEMM, which read sdS; afterwards the wgmma (async proxy)
-        # reads what stmatrix (generic proxy) wrote.
+        # previous block's dQ GEMM, which read sdS, and the TMA engine past the previous
+        # block's dQ tile; afterwards the wgmma (async proxy) reads what stmatrix (generic
+        # proxy) wrote.
+        if tidx == DQ_ISSUER:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
         ds_out = cute.make_rmem_tensor_like(acc_dpt, self.dtype)
         ds_out.store(acc_dpt.load().to(self.dtype))
@@ -463,15 +526,15 @@ class Sm90BackwardKernel:
         q_ring.consumer_release(q_state)
         do_ring.consumer_release(do_state)
 
-        # Element pairs 2i, 2i+1 of a wgmma accumulator are adjacent columns of one row: one
-        # 8-byte vector reduction each.
-        accum = rows.dq_accum[None, block.head, block.batch]
-        pair = cute.make_rmem_tensor(2, Float32)
-        for i in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            row, col = ops.dq_coords[2 * i]
-            pair[0] = acc_dq[2 * i]
-            pair[1] = acc_dq[2 * i + 1]
-            self.add_pair(accum.iterator + (m_block * self.tile_m + row) * self.head_dim + col, pair)
+        # dQ to shared memory, then one TMA reduction adds the tile into the accumulator; the
+        # TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(dq_out.smem))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
+        if tidx == DQ_ISSUER:
+            s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
+            cute.copy(dq_out.atom, s_tile, g_tile)
+            cute.arch.cp_async_bulk_commit_group()
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

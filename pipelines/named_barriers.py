@@ -23,6 +23,9 @@ class NamedBarrier(enum.IntEnum):
     # warpgroup is past the previous dQ GEMM that read it; after, every part is written
     # before any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
     DS_TILE = 5
+    # Backward: every consumer thread's part of the fp32 dQ tile is in shared memory before
+    # the one thread that issues its TMA reduction.
+    DQ_TILE = 6
 
 
 class WarpgroupPingPong:
