@@ -52,8 +52,10 @@ from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, war
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
 ROW_TILE_ALIGN_BYTES = 128
-# The consumer thread that issues dQ's TMA reductions and waits for their reads.
-DQ_ISSUER = 0
+# The consumer warp that issues dQ's TMA reductions and waits for their reads. A whole
+# warp: the reduction's copy elects one lane with ``elect.sync`` over all 32, which hangs
+# when the other lanes are elsewhere.
+DQ_ISSUER_WARP = 0
 
 
 @dataclass(frozen=True)
@@ -398,7 +400,7 @@ class Sm90BackwardKernel:
             self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx, False)
             q_state.advance()
             do_state.advance()
-        if tidx == DQ_ISSUER:
+        if self.issues_dq(tidx):
             # The CTA's shared memory must outlive the TMA engine's last read of dQ.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
@@ -510,7 +512,7 @@ class Sm90BackwardKernel:
         # previous block's dQ GEMM, which read sdS, and the TMA engine past the previous
         # block's dQ tile; afterwards the wgmma (async proxy) reads what stmatrix (generic
         # proxy) wrote.
-        if tidx == DQ_ISSUER:
+        if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
         ds_out = cute.make_rmem_tensor_like(acc_dpt, self.dtype)
@@ -531,10 +533,14 @@ class Sm90BackwardKernel:
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(dq_out.smem))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
-        if tidx == DQ_ISSUER:
+        if self.issues_dq(tidx):
             s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
+
+    @staticmethod
+    def issues_dq(tidx: Int32):
+        return cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP) == DQ_ISSUER_WARP
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:
