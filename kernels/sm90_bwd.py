@@ -521,11 +521,12 @@ class Sm90BackwardKernel:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
 
-        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+        # dQ before dK, so that dQ's way out below overlaps the dK GEMM.
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
-        warpgroup.wait_group(0)
-        q_ring.consumer_release(q_state)
+        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+        # dQ done, and with it dV, the last reader of dO (groups complete in order).
+        warpgroup.wait_group(1)
         do_ring.consumer_release(do_state)
 
         # dQ to shared memory, then one TMA reduction adds the tile into the accumulator; the
@@ -537,6 +538,8 @@ class Sm90BackwardKernel:
             s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
+        warpgroup.wait_group(0)
+        q_ring.consumer_release(q_state)
 
     @staticmethod
     def issues_dq(tidx: Int32):
