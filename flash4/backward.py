@@ -1,8 +1,5 @@
 """The Hopper backward pass, host side: buffers, the three launches, and the dQ conversion.
-
-WORK IN PROGRESS: the kernels compile for sm_90a but have not yet run on a GPU, and this
-module is not part of flash4's API (``flash_attn_func`` is not differentiable yet). The GPU
-tests in tests/test_bwd_gpu.py call it.
+``flash_attn_func``'s autograd Function (flash4/autograd.py) calls it.
 
     preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ accumulator = 0
     main        dK, dV per key block; dQ added into the fp32 accumulator
@@ -13,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from flash4.checks import _misaligned, check_attention_args
+from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
 from flash4.compiler import compiled_backward, compiled_backward_preprocess
 from flash4.kernels.configs import Sm90BackwardConfig
 
@@ -21,6 +18,15 @@ from flash4.kernels.configs import Sm90BackwardConfig
 # queries fit beside dK and dV (head dim 64); 64 at head dim 128.
 _TILE_M = {64: 128, 128: 64}
 SUPPORTED_HEAD_DIMS = tuple(sorted(_TILE_M))
+
+
+def check_backward_supported(problem: AttentionProblem) -> None:
+    """Raise, before any launch, for a problem whose gradients flash4 cannot compute."""
+    if problem.head_dim not in _TILE_M:
+        raise NotImplementedError(
+            f"head_dim={problem.head_dim}: flash4's backward supports head dims {SUPPORTED_HEAD_DIMS}; "
+            f"the forward alone runs under torch.no_grad() or with inputs that do not require grad"
+        )
 
 
 def backward_config(head_dim: int, causal: bool, grouped: bool = False) -> Sm90BackwardConfig:
@@ -49,7 +55,7 @@ def attention_backward(
         if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:
             raise ValueError(f"{name} must be like q ({q.dtype}, {tuple(q.shape)}, {q.device}); got "
                              f"{tensor.dtype}, {tuple(tensor.shape)}, {tensor.device}")
-        if tensor.stride(-1) != 1 or _misaligned(tensor):
+        if tensor.stride(-1) != 1 or tma_misaligned(tensor):
             raise ValueError(f"{name} must have a contiguous last dimension and 16-byte aligned strides "
                              f"and start (TMA); got strides {tuple(tensor.stride())}")
     lse_shape = (problem.batch, problem.heads, problem.seqlen_q)

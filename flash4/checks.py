@@ -85,7 +85,7 @@ def _check_tensors(q: object, k: object, v: object) -> None:
         )
 
 
-def _misaligned(tensor: torch.Tensor) -> bool:
+def tma_misaligned(tensor: torch.Tensor) -> bool:
     """Whether TMA cannot address ``tensor``: a stride (of a dim longer than 1) or the start
     address is not a 16-byte multiple."""
     if tensor.data_ptr() % TMA_ALIGN_BYTES:
@@ -146,7 +146,7 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]
     ) % TMA_ALIGN_ELEMENTS:
         for name, tensor in tensors:
-            if _misaligned(tensor):
+            if tma_misaligned(tensor):
                 raise ValueError(
                     f"{name} has strides {tuple(tensor.stride())} and address {tensor.data_ptr():#x}; "
                     f"TMA needs every stride but the last to be a multiple of {TMA_ALIGN_ELEMENTS} "

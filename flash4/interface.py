@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import torch
 
+from flash4.autograd import AttentionFunction
+from flash4.backward import check_backward_supported
 from flash4.checks import AttentionProblem, check_attention_args
 from flash4.compiler import compiled_forward
 from flash4.dispatch import arch_of_capability, select
@@ -51,11 +53,15 @@ def flash_attn_func(
     Returns out, shaped and typed like q, and with ``return_lse`` also the float32
     log-sum-exp of each row's scaled scores, (batch, heads, seqlen_q), natural log
     (-inf for a row that sees no key).
+
+    Differentiable with respect to q, k and v (head dims 64 and 128); the LSE is not.
     """
     problem = check_attention_args(q, k, v, softmax_scale, causal)
-    refuse_grad(q, k, v)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        check_backward_supported(problem)
+        return AttentionFunction.apply(q, k, v, problem, return_lse, _launch)
     # empty_like is the cheapest allocation call torch offers (about 2 us against 5 us for
     # torch.empty with keyword arguments, on the H200's host).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -100,13 +106,13 @@ def flash_attn_forward_into(
 
 
 def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """flash4 has no backward yet (issue 4): an input that requires grad would silently get
-    none through attention, so the call is refused instead."""
+    """``flash_attn_forward_into`` writes into the caller's buffers, outside autograd: an
+    input that requires grad would silently get none through it, so the call is refused."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         names = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
         raise NotImplementedError(
-            f"{', '.join(names)} requires grad, but flash4's backward is not available yet: call "
-            f"flash_attn_func under torch.no_grad() or with detached tensors"
+            f"{', '.join(names)} requires grad, but flash_attn_forward_into is not differentiable: "
+            f"use flash_attn_func for gradients, or call it under torch.no_grad() or with detached tensors"
         )
 
 

@@ -316,17 +316,30 @@ def test_batch_and_heads_beyond_the_grid_limit(name, q_shape, kv_shape):
         check_attention_args(q, k, k, None, False)
 
 
-def test_inputs_that_require_grad_are_refused_until_the_backward_exists():
-    # No backward yet: gradients would silently stop at attention, so the call is refused,
-    # naming the inputs; without grad mode, or with detached inputs, it is allowed.
+def test_forward_into_refuses_inputs_that_require_grad():
+    # flash_attn_forward_into is outside autograd: gradients would silently stop there, so
+    # the call is refused, naming the inputs; without grad mode, or detached, it is allowed.
     from flash4.interface import refuse_grad
 
     q, k, v = make_qkv()
     refuse_grad(q, k, v)
     k.requires_grad_(True)
     v.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match=r"^k, v requires grad.*torch.no_grad\(\)"):
+    with pytest.raises(NotImplementedError, match=r"^k, v requires grad.*flash_attn_func.*torch.no_grad\(\)"):
         refuse_grad(q, k, v)
     with torch.no_grad():
         refuse_grad(q, k, v)
     refuse_grad(q, k.detach(), v.detach())
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_backward_head_dims(head_dim):
+    # Gradients at a head dim without a backward kernel are refused before the forward runs.
+    from flash4.backward import check_backward_supported
+
+    problem = AttentionProblem(1, 5, 5, 2, 2, head_dim, "bfloat16", head_dim**-0.5, False)
+    if head_dim in (64, 128):
+        check_backward_supported(problem)
+    else:
+        with pytest.raises(NotImplementedError, match=rf"^head_dim={head_dim}: .*\(64, 128\).*torch.no_grad\(\)"):
+            check_backward_supported(problem)

@@ -267,11 +267,15 @@ def test_unsupported_head_dim_raises_before_launch():
         flash4.flash_attn_func(q, k, v)
 
 
-def test_inputs_requiring_grad_are_refused_before_launch():
+def test_forward_into_refuses_inputs_requiring_grad_before_launch():
     q, k, v = _inputs(1, 64, 64, 2, 2, 64, torch.bfloat16, seed=7)
     q.requires_grad_(True)
+    out = torch.full_like(q, math.nan)
     with pytest.raises(NotImplementedError, match="q requires grad"):
-        flash4.flash_attn_func(q, k, v)
+        flash4.flash_attn_forward_into(q, k, v, out, None)
+    torch.cuda.synchronize()
+    assert out.isnan().all(), "the refused call touched out"
     with torch.no_grad():
-        out = flash4.flash_attn_func(q, k, v)
+        flash4.flash_attn_forward_into(q, k, v, out, None)
+    torch.cuda.synchronize()
     assert not out.isnan().any()
