@@ -38,8 +38,6 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
-    # Masks as words of keep-bits (R2P), not one compare per score (see kernels/mask.py).
-    mask_bits: bool = False
 
     @property
     def tile_m(self) -> int:

@@ -576,7 +576,7 @@ class Sm90ForwardKernel:
     def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> None:
         mask_scores(
             acc_s, ops.coords, ops.coords0, tile.m_block * self.tile_m, n_block * self.tile_n,
-            tile.seqlen_q, tile.seqlen_k, self.causal, bits=self.config.mask_bits,
+            tile.seqlen_q, tile.seqlen_k, self.causal,
         )
 
     @cute.jit

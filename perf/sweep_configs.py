@@ -23,9 +23,9 @@ from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
 
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(mask_bits=True)],
-    128: [dict(), dict(mask_bits=True)],
-    256: [dict(), dict(mask_bits=True)],
+    64: [dict(), dict(persistent=False)],
+    128: [dict(), dict(persistent=False)],
+    256: [dict(), dict(persistent=False), dict(persistent=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 

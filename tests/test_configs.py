@@ -33,13 +33,3 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
 def test_invalid_configs_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
         Sm90ForwardConfig(**fields)
-
-
-def test_kept_elements_counts_the_thread_columns_below_a_limit():
-    # The mask_bits candidate's arithmetic, against brute force (the kernel clamps counts past
-    # its own row per 32-bit word).
-    from flash4.kernels.mask import kept_elements
-
-    columns = [8 * g + c for g in range(64) for c in (0, 1)]  # wider than any limit tried
-    for limit in range(-20, 300):
-        assert kept_elements(limit) == sum(col < limit for col in columns), limit

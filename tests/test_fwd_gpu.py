@@ -139,15 +139,6 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (333, 4096)))
-def test_mask_bits_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
-    # Masks as words of keep-bits (not in the table yet): every masked block, the seqlen_k
-    # tail and the causal diagonal, including rows that see no key.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, mask_bits=True)
-
-
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
