@@ -31,9 +31,11 @@ TMA_ALIGN_BYTES = 16
 LSE_ALIGN_BYTES = 4
 
 
-# ptxas's remark when it must wait for in-flight wgmmas before touching their registers
-# (it then runs the GEMM's instructions one after another instead of pipelined).
-PTXAS_SERIALIZED_WGMMA = "C7519"
+# ptxas's remarks when it cannot keep wgmmas in flight: it injected a wait or an arrive
+# (C7517, C7519) or serialised the instructions (C7515), so a GEMM's instructions run one
+# after another instead of pipelined. Seen with a wgmma accumulator in flight across a loop's
+# back edge, and with scalar converts between the P V wgmmas.
+PTXAS_SERIALIZED_WGMMA = ("C7515", "C7517", "C7519")
 _PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores")
 
@@ -192,6 +194,17 @@ def compile_entry(
     entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True, keep_cubin: bool = False
 ) -> CompileReport:
     """Compile one selector row for ``arch`` (no GPU needed) and count key PTX instructions."""
+    return _compile_with_report(
+        lambda *flags: _compile(entry, *flags, with_lse=with_lse), arch, keep_cubin
+    )
+
+
+def compile_backward_report(config: Any, dtype_name: str = "bfloat16", arch: str = "sm_90a") -> CompileReport:
+    """``compile_entry`` for the main backward kernel of one ``Sm90BackwardConfig``."""
+    return _compile_with_report(lambda *flags: compile_backward(config, dtype_name, *flags), arch, False)
+
+
+def _compile_with_report(compile_fn: Callable[..., Any], arch: str, keep_cubin: bool) -> CompileReport:
     start = time.perf_counter()
     remarks = io.StringIO()
     # The DSL prints ptxas's remarks (registers, spills, serialisation) as Python warnings
@@ -200,10 +213,7 @@ def compile_entry(
     # working directory.
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stderr(remarks):
         keep = ("--keep-ptx", "--keep-cubin") if keep_cubin else ("--keep-ptx",)
-        compiled = _compile(
-            entry, f"--gpu-arch={arch}", *keep, f"--dump-dir={scratch}", "remarks{ptx}",
-            with_lse=with_lse,
-        )
+        compiled = compile_fn(f"--gpu-arch={arch}", *keep, f"--dump-dir={scratch}", "remarks{ptx}")
         ptx = compiled.__ptx__ or ""
         cubins = sorted(Path(scratch).glob("*.cubin")) if keep_cubin else []
         cubin = cubins[0].read_bytes() if cubins else b""
@@ -216,6 +226,6 @@ def compile_entry(
         ptx,
         registers=int(registers.group(1)) if registers else 0,
         spill_bytes=sum(int(n) for n in _PTXAS_SPILLS.findall(log)),
-        serialized_wgmma=log.count(PTXAS_SERIALIZED_WGMMA),
+        serialized_wgmma=sum(log.count(code) for code in PTXAS_SERIALIZED_WGMMA),
         cubin=cubin,
     )

@@ -508,17 +508,17 @@ class Sm90BackwardKernel:
         convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
         warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
 
-        # dSᵀ to shared memory for the dQ GEMM: first every warpgroup must be past the
-        # previous block's dQ GEMM, which read sdS, and the TMA engine past the previous
-        # block's dQ tile; afterwards the wgmma (async proxy) reads what stmatrix (generic
-        # proxy) wrote.
-        if self.issues_dq(tidx):
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        # dSᵀ to shared memory for the dQ GEMM. The previous block's dQ GEMMs, which read
+        # sdS, are done in every warpgroup: each waited for its own before the DQ_TILE
+        # barrier that this thread has passed. After the writes, the wgmma (async proxy)
+        # reads what stmatrix (generic proxy) wrote; the same barrier tells every thread
+        # that the TMA engine has read the previous dQ tile, before sdQ is written again.
         ds_out = cute.make_rmem_tensor_like(acc_dpt, self.dtype)
         ds_out.store(acc_dpt.load().to(self.dtype))
         cute.copy(ops.store_ds, ops.store_ds.retile(ds_out), ops.store_ds.partition_D(ops.sdS))
         cute.arch.fence_view_async_shared()
+        if self.issues_dq(tidx):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
 
         # dQ before dK, so that dQ's way out below overlaps the dK GEMM.

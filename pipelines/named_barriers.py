@@ -19,12 +19,12 @@ class NamedBarrier(enum.IntEnum):
     # Turn-taking of the consumer warpgroups (ping-pong): warpgroup i waits on
     # WARPGROUP_TURN_0 + i before it issues its GEMMs.
     WARPGROUP_TURN_0 = 2
-    # Backward: the consumer warpgroups' shared dSᵀ tile. Before writing it, every
-    # warpgroup is past the previous dQ GEMM that read it; after, every part is written
-    # before any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
+    # Backward: every part of the consumer warpgroups' shared dSᵀ tile is written before
+    # any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
     DS_TILE = 5
     # Backward: every consumer thread's part of the fp32 dQ tile is in shared memory before
-    # the one thread that issues its TMA reduction.
+    # the warp that issues its TMA reduction goes; passing it also means every warpgroup's
+    # dQ GEMM, the reader of dSᵀ, is done.
     DQ_TILE = 6
 
 
