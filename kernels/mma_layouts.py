@@ -38,3 +38,22 @@ def acc_as_a_operand(acc: cute.Tensor) -> cute.Tensor:
         ((c2, r2, 2), m, (v // 2, n)), stride=((sc, sr, sv), sm, (2 * sv, sn))
     )
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
+
+
+def a_operand_as_acc(a: cute.Tensor, acc: cute.Tensor) -> cute.Tensor:
+    """The accumulator-shaped view of ``a``, a compact A-operand fragment that
+    ``convert_packed(acc_as_a_operand(acc), a)`` filled from the compact accumulator ``acc``.
+
+    For one 64-row tile the two orders coincide (element i of ``a`` is element i of
+    ``acc``), so the packed registers can also feed what reads accumulators (stmatrix)
+    instead of a second conversion. Checked here, at trace time, element by element.
+    """
+    compact = cute.make_layout(acc.layout.shape)
+    # Element i of the A view sits at view(i) of the accumulator; of ``a``, at a_layout(i).
+    view = acc_as_a_operand(cute.make_tensor(acc.iterator, compact)).layout
+    a_layout = cute.make_layout(a.layout.shape)
+    if cute.size(a_layout) != cute.size(compact) or any(
+        view(i) != a_layout(i) or acc.layout(i) != i for i in range(cute.size(compact))
+    ):
+        raise ValueError(f"A fragment {a.layout} and accumulator {acc.layout} order their elements differently")
+    return cute.make_tensor(a.iterator, compact)

@@ -45,7 +45,7 @@ from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
-from .mma_layouts import acc_as_a_operand, acc_rows_cols
+from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
@@ -513,9 +513,10 @@ class Sm90BackwardKernel:
         # barrier that this thread has passed. After the writes, the wgmma (async proxy)
         # reads what stmatrix (generic proxy) wrote; the same barrier tells every thread
         # that the TMA engine has read the previous dQ tile, before sdQ is written again.
-        ds_out = cute.make_rmem_tensor_like(acc_dpt, self.dtype)
-        ds_out.store(acc_dpt.load().to(self.dtype))
-        cute.copy(ops.store_ds, ops.store_ds.retile(ds_out), ops.store_ds.partition_D(ops.sdS))
+        # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores: no
+        # second conversion, no second copy in registers.
+        ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
+        cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS))
         cute.arch.fence_view_async_shared()
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
