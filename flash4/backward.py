@@ -14,26 +14,37 @@ from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
 from flash4.compiler import compiled_backward, compiled_backward_preprocess
 from flash4.kernels.configs import Sm90BackwardConfig
 
-# Query rows per block by head dim: 128 where the Sᵀ and dPᵀ accumulators of 64 keys x 128
-# queries fit beside dK and dV (head dim 64); 64 at head dim 128.
-_TILE_M = {64: 128, 128: 64}
-SUPPORTED_HEAD_DIMS = tuple(sorted(_TILE_M))
+# Per head dim: query rows per block, and for head dim 256 the head-dim split (its dK and
+# dV do not fit one warpgroup's registers; see Sm90BackwardConfig). 128 query rows where
+# the Sᵀ and dPᵀ accumulators of 64 keys x 128 queries fit beside dK and dV (head dim 64);
+# 64 at head dim 128. Head dim 256 holds one Q and one dO tile: with the fp32 dQ tile
+# (64 KiB) a second stage of either passes the 227 KiB of shared memory.
+_CONFIGS: dict[int, dict] = {
+    64: dict(tile_m=128),
+    128: dict(tile_m=64),
+    256: dict(tile_m=64, tile_n=64, q_stages=1, do_stages=1, head_dim_split=True),
+}
+SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+# Head dims whose gradients flash_attn_func computes. Head dim 256's kernel (the head-dim
+# split) builds for sm_90a but has not yet run on a GPU; until its GPU tests pass there,
+# autograd refuses it rather than hand out unverified gradients.
+AUTOGRAD_HEAD_DIMS = (64, 128)
 
 
 def check_backward_supported(problem: AttentionProblem) -> None:
     """Raise, before any launch, for a problem whose gradients flash4 cannot compute."""
-    if problem.head_dim not in _TILE_M:
+    if problem.head_dim not in AUTOGRAD_HEAD_DIMS:
         raise NotImplementedError(
-            f"head_dim={problem.head_dim}: flash4's backward supports head dims {SUPPORTED_HEAD_DIMS}; "
+            f"head_dim={problem.head_dim}: flash4's backward supports head dims {AUTOGRAD_HEAD_DIMS}; "
             f"the forward alone runs under torch.no_grad() or with inputs that do not require grad"
         )
 
 
 def backward_config(head_dim: int, causal: bool, grouped: bool = False) -> Sm90BackwardConfig:
     """``grouped``: several query heads share each kv head (GQA/MQA)."""
-    if head_dim not in _TILE_M:
+    if head_dim not in _CONFIGS:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
-    return Sm90BackwardConfig(head_dim=head_dim, tile_m=_TILE_M[head_dim], causal=causal, kv_accumulate=grouped)
+    return Sm90BackwardConfig(head_dim=head_dim, causal=causal, kv_accumulate=grouped, **_CONFIGS[head_dim])
 
 
 def attention_backward(

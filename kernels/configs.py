@@ -18,6 +18,8 @@ SM90_SMEM_BYTES = 227 * 1024
 BARRIER_BYTES = 1024
 # Accumulators, LSE and D are fp32.
 FP32_BYTES = 4
+# The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
+BACKWARD_CONSUMER_WARPGROUPS = 2
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,16 @@ class Sm90ForwardConfig:
 class Sm90BackwardConfig:
     """One compiled variant of the Hopper backward kernel (kernels/sm90_bwd.py).
 
-    A CTA owns ``tile_n`` keys of one head; each of its two consumer warpgroups owns 64 of
-    them and walks the query blocks of ``tile_m`` rows, through rings of ``q_stages`` Q
-    tiles and ``do_stages`` dO tiles.
+    A CTA owns ``tile_n`` keys of one head and walks the query blocks of ``tile_m`` rows,
+    through rings of ``q_stages`` Q tiles and ``do_stages`` dO tiles, with two consumer
+    warpgroups. They split the work one of two ways:
+
+    - by keys (``head_dim_split=False``): each owns 64 of the 128 keys, keeps Pᵀ and dSᵀ
+      in registers and feeds them to its dV and dK GEMMs from there;
+    - by head dim (``head_dim_split=True``, for head dim 256, where a warpgroup's dK and dV
+      of 64 keys would need 256 registers per thread): both share 64 keys, split the
+      queries of Sᵀ and dPᵀ and the head dim of dV, dK and dQ, and pass Pᵀ and dSᵀ through
+      shared memory.
     """
 
     head_dim: int
@@ -96,27 +105,37 @@ class Sm90BackwardConfig:
     causal: bool = False
     # GQA/MQA: dK and dV added in fp32 into accumulators shared by a kv head's query heads.
     kv_accumulate: bool = False
+    head_dim_split: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
-        return self.tile_n // ROWS_PER_CONSUMER_WARPGROUP
+        return BACKWARD_CONSUMER_WARPGROUPS
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """K and V, the Q and dO rings with their rows' fp32 LSE and D, dS (keys x
-        queries), the fp32 dQ tile, plus barriers."""
+        """K and V, the Q and dO rings with their rows' fp32 LSE and D, dSᵀ (and Pᵀ when
+        the head dim is split; keys x queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
-        ds = self.tile_n * self.tile_m * elem_bytes
+        tiles_through_smem = 2 if self.head_dim_split else 1
+        ds = tiles_through_smem * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES
 
     def __post_init__(self) -> None:
-        if self.tile_n != 2 * ROWS_PER_CONSUMER_WARPGROUP:
-            raise ValueError(f"tile_n={self.tile_n}: two consumer warpgroups of 64 keys, so 128")
+        keys = ROWS_PER_CONSUMER_WARPGROUP * (1 if self.head_dim_split else BACKWARD_CONSUMER_WARPGROUPS)
+        if self.tile_n != keys:
+            raise ValueError(
+                f"tile_n={self.tile_n}: {keys} keys per CTA "
+                f"({'shared by' if self.head_dim_split else '64 for each of'} the two consumer warpgroups)"
+            )
         if self.tile_m % 16 or not 16 <= self.tile_m <= 128:
             raise ValueError(f"tile_m={self.tile_m}: a multiple of 16 in [16, 128]")
+        if self.head_dim_split and self.tile_m % (16 * BACKWARD_CONSUMER_WARPGROUPS):
+            raise ValueError(f"tile_m={self.tile_m}: the warpgroups split the queries, so a multiple of 32")
         if self.head_dim % 16 or not 16 <= self.head_dim <= 256:
             raise ValueError(f"head_dim={self.head_dim}: a multiple of 16 in [16, 256]")
+        if self.head_dim_split and self.head_dim % (16 * BACKWARD_CONSUMER_WARPGROUPS):
+            raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
         if self.smem_bytes() > SM90_SMEM_BYTES:

@@ -18,7 +18,14 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
 both warpgroups, so dSᵀ alone goes through shared memory; each warpgroup then computes
-half of dQ's columns. The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
+half of dQ's columns.
+
+At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per thread, so
+there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
+queries of Sᵀ and dPᵀ and the head-dim columns of dV, dK and dQ, and Pᵀ joins dSᵀ in
+shared memory, where each warpgroup's dV and dK GEMMs read all queries of both (SS).
+
+The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
 rowsum(dO ∘ O) and lse_log2 = LSE · log2(e), padded with +inf so that rows past seqlen_q
 get P = 0; the dQ accumulator is converted to the input dtype (times the softmax scale)
 afterwards.
@@ -106,7 +113,8 @@ class BackwardOperands:
     tdQrK: cute.Tensor
     st_shape: Any
     dq_shape: Any
-    # Pᵀ and dSᵀ in the input dtype, as the register A operands of the dV and dK GEMMs.
+    # Pᵀ and dSᵀ in the input dtype, the A operands of the dV and dK GEMMs: registers, or
+    # (head-dim split) their tiles in shared memory.
     pt: cute.Tensor
     dst: cute.Tensor
     acc_dv: cute.Tensor
@@ -115,6 +123,8 @@ class BackwardOperands:
     st_coords: cute.Tensor
     store_ds: Any
     sdS: cute.Tensor
+    # The head-dim split's Pᵀ in shared memory (None otherwise).
+    sP: Optional[cute.Tensor]
     store_dq: Any
 
 
@@ -154,6 +164,7 @@ class Sm90BackwardKernel:
         self.dtype = dtype
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
+        self.split = config.head_dim_split
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
 
@@ -177,16 +188,24 @@ class Sm90BackwardKernel:
         mLSELog2, mD = rows_first(mLSELog2), rows_first(mD)
         mdQAccum = cute.make_tensor(mdQAccum.iterator, cute.select(mdQAccum.layout, mode=[2, 3, 1, 0]))
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        along_m = (self.config.consumer_warpgroups, 1, 1)
-        # Sᵀ and dPᵀ: M = keys (64 per warpgroup), N = queries, K = head_dim.
+        wgs, rows = self.config.consumer_warpgroups, ROWS_PER_CONSUMER_WARPGROUP
+        if cutlass.const_expr(self.split):
+            # Both warpgroups on the same 64 keys: Sᵀ and dPᵀ split by queries, dV and dK by
+            # head-dim columns, with Pᵀ and dSᵀ read from shared memory.
+            sdp_atoms, sdp_tile = (1, wgs, 1), (rows, self.tile_m // wgs)
+            dkv_atoms, dkv_tile, dkv_a = (1, wgs, 1), (rows, self.head_dim // wgs), warpgroup.OperandSource.SMEM
+        else:
+            # 64 keys per warpgroup: Pᵀ and dSᵀ stay in the registers that computed them.
+            sdp_atoms, sdp_tile = (wgs, 1, 1), (rows, self.tile_m)
+            dkv_atoms, dkv_tile, dkv_a = (wgs, 1, 1), (rows, self.head_dim), warpgroup.OperandSource.RMEM
+        # Sᵀ and dPᵀ: M = keys, N = queries, K = head_dim.
         tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, major_k, Float32, along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.tile_m)
+            self.dtype, self.dtype, major_k, major_k, Float32, sdp_atoms, sdp_tile
         )
-        # dV and dK: M = keys, N = head_dim, K = queries; A (Pᵀ, dSᵀ) from registers, B (dO,
-        # Q) read as (head_dim, queries), head_dim contiguous.
+        # dV and dK: M = keys, N = head_dim, K = queries; A is Pᵀ or dSᵀ, B (dO, Q) is read as
+        # (head_dim, queries), head_dim contiguous.
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, major_mn, Float32, along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
+            self.dtype, self.dtype, major_k, major_mn, Float32, dkv_atoms, dkv_tile, a_source=dkv_a
         )
         # dQ: M = queries, N = head_dim split between the warpgroups, K = keys; dS read as
         # (queries, keys) and K as (head_dim, keys), both from shared memory.
@@ -260,6 +279,9 @@ class Sm90BackwardKernel:
             "sLSE": rows(self.config.q_stages),
             "sD": rows(self.config.do_stages),
         }
+        if self.split:
+            # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
+            fields["sP"] = buffer(sdS_layout)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ---------------------------------------------------------------- device side
@@ -306,6 +328,7 @@ class Sm90BackwardKernel:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.config.q_stages)))
         sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.config.do_stages)))
@@ -324,7 +347,7 @@ class Sm90BackwardKernel:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sD,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
                 kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
                 softmax_scale, n_block, head, batch, m_begin, m_end, seqlen_q, seqlen_k, tidx,
             )
@@ -374,13 +397,13 @@ class Sm90BackwardKernel:
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def consume(
-        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sdQ, sLSE, sD,
+        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
         kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
         softmax_scale: Float32, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
         seqlen_q: Int32, seqlen_k: Int32, tidx: Int32,
     ):
         """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
-        ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx)
+        ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx)
         block = KeyBlock(n_block, head, head // (mdQAccum.shape[2] // mdK.shape[2]), batch, seqlen_q, seqlen_k)
         rows = RowInputs(sLSE, sD)
         dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch])
@@ -407,7 +430,7 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def consumer_operands(
-        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, tidx: Int32
+        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx: Int32
     ) -> BackwardOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
@@ -439,8 +462,8 @@ class Sm90BackwardKernel:
             tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
             dq_shape=wg_dq.partition_shape_C((tile_m, d)),
-            pt=wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((tile_n, tile_m))),
-            dst=wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((tile_n, tile_m))),
+            pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
+            dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
             acc_dk=acc_dk,
             st_coords=tiled_mma_sdp.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
@@ -448,6 +471,7 @@ class Sm90BackwardKernel:
                 sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), tiled_mma_sdp
             ).get_slice(tidx),
             sdS=sdS,
+            sP=sP,
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
@@ -497,7 +521,8 @@ class Sm90BackwardKernel:
                         last_key = cutlass.min(last_key, query + block.seqlen_k - block.seqlen_q)
                     score = score if key <= last_key else -Float32.inf
                 st[i, j] = cute.math.exp2(score * scale_log2 - lse_log2_j, fastmath=True)
-        convert_packed(acc_as_a_operand(acc_st), ops.pt)
+        if cutlass.const_expr(not self.split):
+            convert_packed(acc_as_a_operand(acc_st), ops.pt)
 
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
@@ -505,22 +530,35 @@ class Sm90BackwardKernel:
             delta_j = rows.delta[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
-        convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
-        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
 
-        # dSᵀ to shared memory for the dQ GEMM. The previous block's dQ GEMMs, which read
-        # sdS, are done in every warpgroup: each waited for its own before the DQ_TILE
-        # barrier that this thread has passed. After the writes, the wgmma (async proxy)
-        # reads what stmatrix (generic proxy) wrote; the same barrier tells every thread
-        # that the TMA engine has read the previous dQ tile, before sdQ is written again.
-        # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores: no
-        # second conversion, no second copy in registers.
-        ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
-        cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS))
+        # dSᵀ (and, head-dim split, Pᵀ) to shared memory: the dQ GEMM reads all keys of
+        # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. After the writes, the
+        # wgmma (async proxy) reads what stmatrix (generic proxy) wrote; the barrier also
+        # tells every thread that the TMA engine has read the previous dQ tile, before sdQ
+        # is written again.
+        if cutlass.const_expr(self.split):
+            # The previous block's dV and dK GEMMs, the last readers of sP and sdS, are done
+            # in both warpgroups once both are here (each waited for its own).
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+            for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
+                packed = cute.make_rmem_tensor_like(acc, self.dtype)
+                convert_packed(acc, packed)
+                cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(smem))
+        else:
+            # The previous block's dQ GEMMs, the readers of sdS, are done in every warpgroup:
+            # each waited for its own before the DQ_TILE barrier that this thread has passed.
+            convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
+            # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores:
+            # no second conversion, no second copy in registers.
+            ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
+            cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS))
         cute.arch.fence_view_async_shared()
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        if cutlass.const_expr(self.split):
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
 
         # dQ before dK, so that dQ's way out below overlaps the dK GEMM.
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)

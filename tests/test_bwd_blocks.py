@@ -9,7 +9,6 @@ import pytest
 
 from flash4.kernels.sm90_bwd import masked_block_end, query_block_range
 
-TILE_N = 128
 
 
 def visible(i: int, j: int, seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
@@ -23,9 +22,10 @@ def cases():
     return fixed + drawn
 
 
-@pytest.mark.parametrize("tile_m", (64, 128))
+@pytest.mark.parametrize("tile_m,tile_n", ((64, 128), (128, 128), (64, 64)))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_query_blocks_cover_every_visible_pair_and_unmasked_blocks_need_no_mask(tile_m, causal):
+def test_query_blocks_cover_every_visible_pair_and_unmasked_blocks_need_no_mask(tile_m, tile_n, causal):
+    TILE_N = tile_n
     for seqlen_q, seqlen_k in cases():
         for n_block in range(-(-seqlen_k // TILE_N)):
             m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, tile_m, TILE_N, causal)

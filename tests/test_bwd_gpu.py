@@ -24,7 +24,7 @@ def _max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x.double() - ref.double()).abs().max().item()
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS)

@@ -334,7 +334,7 @@ def test_forward_into_refuses_inputs_that_require_grad():
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_backward_head_dims(head_dim):
-    # Gradients at a head dim without a backward kernel are refused before the forward runs.
+    # Gradients at a head dim without a verified backward are refused before the forward runs.
     from flash4.backward import check_backward_supported
 
     problem = AttentionProblem(1, 5, 5, 2, 2, head_dim, "bfloat16", head_dim**-0.5, False)

@@ -50,7 +50,7 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
     assert without.instructions["cp.async.bulk.tensor"] == with_lse.instructions["cp.async.bulk.tensor"]
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
 def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, grouped):

@@ -33,3 +33,34 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
 def test_invalid_configs_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
         Sm90ForwardConfig(**fields)
+
+
+def test_backward_configs_of_the_selector_fit_and_split_only_head_dim_256():
+    from flash4.backward import SUPPORTED_HEAD_DIMS, backward_config
+    from flash4.kernels.configs import SM90_SMEM_BYTES
+
+    assert SUPPORTED_HEAD_DIMS == (64, 128, 256)
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        config = backward_config(head_dim, causal=False)
+        assert config.smem_bytes() <= SM90_SMEM_BYTES
+        assert config.head_dim_split == (head_dim == 256)
+        assert config.tile_n == (64 if head_dim == 256 else 128)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(head_dim=128, tile_m=64, tile_n=64), "tile_n=64: 128 keys"),
+        (dict(head_dim=256, tile_m=64, tile_n=128, head_dim_split=True), "tile_n=128: 64 keys"),
+        (dict(head_dim=256, tile_m=48, tile_n=64, head_dim_split=True), "tile_m=48"),
+        (dict(head_dim=128, tile_m=64, q_stages=0), "q_stages=0"),
+        # Head dim 256 with two Q stages: the fp32 dQ tile leaves no room.
+        (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True),
+         "bytes of shared memory"),
+    ],
+)
+def test_invalid_backward_configs_name_the_field(fields, message):
+    from flash4.kernels.configs import Sm90BackwardConfig
+
+    with pytest.raises(ValueError, match=message):
+        Sm90BackwardConfig(**fields)
