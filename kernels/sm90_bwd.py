@@ -532,21 +532,18 @@ class Sm90BackwardKernel:
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
         # dSᵀ (and, head-dim split, Pᵀ) to shared memory: the dQ GEMM reads all keys of
-        # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. After the writes, the
-        # wgmma (async proxy) reads what stmatrix (generic proxy) wrote; the barrier also
-        # tells every thread that the TMA engine has read the previous dQ tile, before sdQ
-        # is written again.
+        # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. The previous block's
+        # GEMMs that read them are done in every warpgroup: each waited for its own before
+        # the DQ_TILE barrier that this thread has passed. After the writes, the wgmma
+        # (async proxy) reads what stmatrix (generic proxy) wrote; the barrier also tells
+        # every thread that the TMA engine has read the previous dQ tile, before sdQ is
+        # written again.
         if cutlass.const_expr(self.split):
-            # The previous block's dV and dK GEMMs, the last readers of sP and sdS, are done
-            # in both warpgroups once both are here (each waited for its own).
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
             for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
                 packed = cute.make_rmem_tensor_like(acc, self.dtype)
                 convert_packed(acc, packed)
                 cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(smem))
         else:
-            # The previous block's dQ GEMMs, the readers of sdS, are done in every warpgroup:
-            # each waited for its own before the DQ_TILE barrier that this thread has passed.
             convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
             # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores:
@@ -557,19 +554,34 @@ class Sm90BackwardKernel:
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
-        if cutlass.const_expr(self.split):
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
-
-        # dQ before dK, so that dQ's way out below overlaps the dK GEMM.
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
-        warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
-        warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
-        # dQ done, and with it dV, the last reader of dO (groups complete in order).
-        warpgroup.wait_group(1)
-        do_ring.consumer_release(do_state)
+        if cutlass.const_expr(self.split):
+            # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
+            # next block's tiles load under the rest of this one.
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
+            warpgroup.wait_group(2)
+            q_ring.consumer_release(q_state)
+            warpgroup.wait_group(1)
+            do_ring.consumer_release(do_state)
+            warpgroup.wait_group(0)
+            self.reduce_dq(ops, acc_dq, dq_out, m_block, tidx)
+        else:
+            # dQ before dK, so that dQ's way out overlaps the dK GEMM.
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+            # dQ done, and with it dV, the last reader of dO (groups complete in order).
+            warpgroup.wait_group(1)
+            do_ring.consumer_release(do_state)
+            self.reduce_dq(ops, acc_dq, dq_out, m_block, tidx)
+            warpgroup.wait_group(0)
+            q_ring.consumer_release(q_state)
 
-        # dQ to shared memory, then one TMA reduction adds the tile into the accumulator; the
-        # TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+    @cute.jit
+    def reduce_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, m_block: Int32, tidx: Int32):
+        """dQ to shared memory, then one TMA reduction adds the tile into the accumulator;
+        the TMA engine (async proxy) reads what the threads (generic proxy) wrote."""
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(dq_out.smem))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
@@ -577,8 +589,6 @@ class Sm90BackwardKernel:
             s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
-        warpgroup.wait_group(0)
-        q_ring.consumer_release(q_state)
 
     @staticmethod
     def issues_dq(tidx: Int32):
