@@ -27,6 +27,7 @@ class AttentionFunction(torch.autograd.Function):
         v: torch.Tensor,
         problem: AttentionProblem,
         return_lse: bool,
+        deterministic: bool,
         launch: ForwardLaunch,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -34,6 +35,7 @@ class AttentionFunction(torch.autograd.Function):
         launch(q, k, v, out, lse, problem)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return (out, lse) if return_lse else out
 
@@ -46,6 +48,8 @@ class AttentionFunction(torch.autograd.Function):
         if not dout.is_contiguous() or tma_misaligned(dout):
             dout = dout.clone(memory_format=torch.contiguous_format)
         problem = ctx.problem
-        dq, dk, dv = attention_backward(q, k, v, out, dout, lse, problem.softmax_scale, problem.causal)
+        dq, dk, dv = attention_backward(
+            q, k, v, out, dout, lse, problem.softmax_scale, problem.causal, deterministic=ctx.deterministic
+        )
         needs = ctx.needs_input_grad
-        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None)
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None)

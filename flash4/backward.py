@@ -40,11 +40,15 @@ def check_backward_supported(problem: AttentionProblem) -> None:
         )
 
 
-def backward_config(head_dim: int, causal: bool, grouped: bool = False) -> Sm90BackwardConfig:
+def backward_config(
+    head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False
+) -> Sm90BackwardConfig:
     """``grouped``: several query heads share each kv head (GQA/MQA)."""
     if head_dim not in _CONFIGS:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
-    return Sm90BackwardConfig(head_dim=head_dim, causal=causal, kv_accumulate=grouped, **_CONFIGS[head_dim])
+    return Sm90BackwardConfig(
+        head_dim=head_dim, causal=causal, kv_accumulate=grouped, deterministic=deterministic, **_CONFIGS[head_dim]
+    )
 
 
 def attention_backward(
@@ -57,10 +61,13 @@ def attention_backward(
     softmax_scale: float | None = None,
     causal: bool = False,
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``flash_attn_func(q, k, v, softmax_scale, causal)`` given its ``out``
     and ``lse`` and the gradient ``dout`` of out. ``grads`` may give the three output
-    tensors (contiguous, like q, k, v); they are fully overwritten."""
+    tensors (contiguous, like q, k, v); they are fully overwritten. ``deterministic``: the
+    fp32 additions of different CTAs into one gradient take turns in a fixed order, so the
+    gradients are bit-identical run to run."""
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     for name, tensor in (("out", out), ("dout", dout)):
         if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:
@@ -74,7 +81,7 @@ def attention_backward(
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {lse_shape}; got "
                          f"{lse.dtype} {tuple(lse.shape)}")
     grouped = problem.kv_heads != problem.heads
-    config = backward_config(problem.head_dim, causal, grouped)
+    config = backward_config(problem.head_dim, causal, grouped, deterministic)
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -87,9 +94,17 @@ def attention_backward(
     compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
+    # Deterministic: a turn counter per (query block, head) for dQ, per (key block, kv head)
+    # for GQA's dK and dV.
+    dq_turns = kv_turns = None
+    if deterministic:
+        turns = dict(dtype=torch.int32, device=q.device)
+        dq_turns = torch.zeros(batch, heads, padded // config.tile_m, **turns)
+        if grouped:
+            kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
-        problem.softmax_scale,
+        dq_turns, kv_turns, problem.softmax_scale,
     )
     if grouped:
         dk.copy_(dk_out)

@@ -119,6 +119,8 @@ def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[...,
 
 # The dQ accumulator is written in 16-byte vectors.
 DQ_ACCUM_ALIGN_BYTES = 16
+# Turn counters are read and added one int32 at a time.
+TURNS_ALIGN_BYTES = 4
 
 
 def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
@@ -155,7 +157,7 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
-def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool) -> tuple:
+def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool) -> tuple:
     import cutlass
     import cutlass.cute as cute
 
@@ -169,13 +171,22 @@ def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool) -> 
     # Read and written by TMA, per query block.
     lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), TMA_ALIGN_BYTES) for _ in range(2))
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), TMA_ALIGN_BYTES)
+    # Deterministic: int32 turn counters per (query block, head) and (key block, kv head).
+    m_blocks, n_blocks = cute.sym_int(), cute.sym_int()
+    dq_turns = _fake_tensor(cutlass.Int32, (batch, heads, m_blocks), TURNS_ALIGN_BYTES) if deterministic else None
+    kv_turns = (
+        _fake_tensor(cutlass.Int32, (batch, kv_heads, n_blocks), TURNS_ALIGN_BYTES)
+        if deterministic and kv_accumulate
+        else None
+    )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, cutlass.Float32(1.0), stream
+    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns, cutlass.Float32(1.0), stream
 
 
 def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     """The main backward kernel (kernels/sm90_bwd.py) for one ``Sm90BackwardConfig`` and
-    dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, softmax_scale)``
+    dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns,
+    softmax_scale)``
     with torch tensors (see flash4.backward for the buffers)."""
     import cutlass.cute as cute
 
@@ -184,7 +195,9 @@ def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     kernel = Sm90BackwardKernel(config, _cutlass_dtype(dtype_name))
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(
-        kernel, *_backward_arguments(dtype_name, config.head_dim, config.kv_accumulate), options=flags
+        kernel,
+        *_backward_arguments(dtype_name, config.head_dim, config.kv_accumulate, config.deterministic),
+        options=flags,
     )
 
 

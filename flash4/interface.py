@@ -42,6 +42,7 @@ def flash_attn_func(
     softmax_scale: float | None = None,
     causal: bool = False,
     return_lse: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention ``softmax(softmax_scale * q k^T + mask) v``.
 
@@ -55,13 +56,18 @@ def flash_attn_func(
     (-inf for a row that sees no key).
 
     Differentiable with respect to q, k and v (head dims 64 and 128); the LSE is not.
+    ``deterministic`` makes the gradients bit-identical run to run (the backward's fp32
+    additions into dq, and into dk and dv under GQA/MQA, take turns in a fixed order); the
+    forward is deterministic either way.
     """
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         check_backward_supported(problem)
-        return AttentionFunction.apply(q, k, v, problem, return_lse, _launch)
+        return AttentionFunction.apply(q, k, v, problem, return_lse, deterministic, _launch)
     # empty_like is the cheapest allocation call torch offers (about 2 us against 5 us for
     # torch.empty with keyword arguments, on the H200's host).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

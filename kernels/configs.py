@@ -106,6 +106,9 @@ class Sm90BackwardConfig:
     # GQA/MQA: dK and dV added in fp32 into accumulators shared by a kv head's query heads.
     kv_accumulate: bool = False
     head_dim_split: bool = False
+    # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
+    # dK, dV) take turns in a fixed order, through counters in global memory.
+    deterministic: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

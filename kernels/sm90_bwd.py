@@ -48,6 +48,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
@@ -72,6 +73,8 @@ class KeyBlock:
     n_block: Int32
     head: Int32
     kv_head: Int32
+    # This head's place among the query heads of its kv head (GQA/MQA).
+    rank_in_group: Int32
     batch: Int32
     seqlen_q: Int32
     seqlen_k: Int32
@@ -94,6 +97,8 @@ class DQReduction:
     atom: cute.CopyAtom
     smem: cute.Tensor
     accum: cute.Tensor
+    # Deterministic: this head's turn counters, one per query block (None otherwise).
+    turns: Optional[cute.Tensor]
 
 
 @dataclass(frozen=True)
@@ -181,11 +186,19 @@ class Sm90BackwardKernel:
         mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32
         mdK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
+        # Deterministic: zeroed int32 turn counters of the fp32 additions, (batch, heads,
+        # query blocks) for dQ and (batch, kv_heads, key blocks) for kv_accumulate's dK, dV.
+        mdQTurns: Optional[cute.Tensor],
+        mdKVTurns: Optional[cute.Tensor],
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdK, mdV = (rows_first(t) for t in (mQ, mK, mV, mdO, mdK, mdV))
         mLSELog2, mD = rows_first(mLSELog2), rows_first(mD)
+        if cutlass.const_expr(mdQTurns is not None):
+            mdQTurns = rows_first(mdQTurns)
+        if cutlass.const_expr(mdKVTurns is not None):
+            mdKVTurns = rows_first(mdKVTurns)
         mdQAccum = cute.make_tensor(mdQAccum.iterator, cute.select(mdQAccum.layout, mode=[2, 3, 1, 0]))
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs, rows = self.config.consumer_warpgroups, ROWS_PER_CONSUMER_WARPGROUP
@@ -246,7 +259,7 @@ class Sm90BackwardKernel:
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, tma_dq,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, tma_dq, mdQTurns, mdKVTurns,
             atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta, atom_dq,
             softmax_scale,
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
@@ -297,6 +310,8 @@ class Sm90BackwardKernel:
         mLSELog2: cute.Tensor,
         mD: cute.Tensor,
         mdQAccum: cute.Tensor,
+        mdQTurns: Optional[cute.Tensor],
+        mdKVTurns: Optional[cute.Tensor],
         atom_q: cute.CopyAtom,
         atom_k: cute.CopyAtom,
         atom_v: cute.CopyAtom,
@@ -348,7 +363,7 @@ class Sm90BackwardKernel:
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
-                kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
+                kv_ring, q_ring, do_ring, mdQAccum, mdQTurns, mdKVTurns, mdK, mdV, atom_dq, atom_dk, atom_dv,
                 softmax_scale, n_block, head, batch, m_begin, m_end, seqlen_q, seqlen_k, tidx,
             )
 
@@ -398,15 +413,20 @@ class Sm90BackwardKernel:
     @cute.jit
     def consume(
         self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
-        kv_ring, q_ring, do_ring, mdQAccum, mdK, mdV, atom_dq, atom_dk, atom_dv,
+        kv_ring, q_ring, do_ring, mdQAccum, mdQTurns, mdKVTurns, mdK, mdV, atom_dq, atom_dk, atom_dv,
         softmax_scale: Float32, n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
         seqlen_q: Int32, seqlen_k: Int32, tidx: Int32,
     ):
         """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
         ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx)
-        block = KeyBlock(n_block, head, head // (mdQAccum.shape[2] // mdK.shape[2]), batch, seqlen_q, seqlen_k)
+        group = mdQAccum.shape[2] // mdK.shape[2]
+        kv_head = head // group
+        block = KeyBlock(n_block, head, kv_head, head - kv_head * group, batch, seqlen_q, seqlen_k)
         rows = RowInputs(sLSE, sD)
-        dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch])
+        dq_turns = None
+        if cutlass.const_expr(mdQTurns is not None):
+            dq_turns = mdQTurns[None, head, batch]
+        dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch], dq_turns)
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
         kv_ring.consumer_wait(kv_state)
@@ -426,7 +446,7 @@ class Sm90BackwardKernel:
         if self.issues_dq(tidx):
             # The CTA's shared memory must outlive the TMA engine's last read of dQ.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
+        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
 
     @cute.jit
     def consumer_operands(
@@ -566,7 +586,7 @@ class Sm90BackwardKernel:
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
             warpgroup.wait_group(0)
-            self.reduce_dq(ops, acc_dq, dq_out, m_block, tidx)
+            self.reduce_dq(ops, acc_dq, dq_out, block, m_block, tidx)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
             warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
@@ -574,21 +594,37 @@ class Sm90BackwardKernel:
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
-            self.reduce_dq(ops, acc_dq, dq_out, m_block, tidx)
+            self.reduce_dq(ops, acc_dq, dq_out, block, m_block, tidx)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
 
     @cute.jit
-    def reduce_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, m_block: Int32, tidx: Int32):
+    def reduce_dq(
+        self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, block: KeyBlock, m_block: Int32,
+        tidx: Int32,
+    ):
         """dQ to shared memory, then one TMA reduction adds the tile into the accumulator;
-        the TMA engine (async proxy) reads what the threads (generic proxy) wrote."""
+        the TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+
+        Deterministic: the key blocks add into a query block's accumulator in their order
+        (the contributors of a query block are key blocks 0, 1, ...: its turn counter
+        reaches n_block when this one may go), and the next waits until this addition has
+        landed, not only been read."""
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(dq_out.smem))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
         if self.issues_dq(tidx):
+            lane = cute.arch.lane_idx()
+            if cutlass.const_expr(dq_out.turns is not None):
+                if lane == 0:
+                    wait_for_turn(dq_out.turns.iterator + m_block, block.n_block)
             s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(dq_out.turns is not None):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if lane == 0:
+                    pass_turn(dq_out.turns.iterator + m_block)
 
     @staticmethod
     def issues_dq(tidx: Int32):
@@ -601,10 +637,17 @@ class Sm90BackwardKernel:
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, atom_dk, atom_dv,
+    def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv,
                  block: KeyBlock, tidx: Int32):
-        """dK (times the softmax scale) and dV: stored, or added into shared accumulators."""
+        """dK (times the softmax scale) and dV: stored, or added into shared accumulators
+        (deterministic: by the query heads of a group in head order)."""
         if cutlass.const_expr(self.config.kv_accumulate):
+            turn = None
+            if cutlass.const_expr(mdKVTurns is not None):
+                turn = mdKVTurns[None, block.kv_head, block.batch].iterator + block.n_block
+                if tidx == 0:
+                    wait_for_turn(turn, block.rank_in_group)
+                cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
             coords = ops.tiled_mma_dkv.get_slice(tidx).partition_C(
                 cute.make_identity_tensor((self.tile_n, self.head_dim))
             )
@@ -621,6 +664,13 @@ class Sm90BackwardKernel:
                     pair[0] = ops.acc_dv[2 * i]
                     pair[1] = ops.acc_dv[2 * i + 1]
                     self.add_pair(dv_rows.iterator + cute.crd2idx((key, col), dv_rows.layout), pair)
+            if cutlass.const_expr(mdKVTurns is not None):
+                # Every thread's additions are performed before the one thread passes the
+                # turn (its release covers what the barrier ordered before it).
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+                if tidx == 0:
+                    pass_turn(turn)
         else:
             self.store_dkv(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
 

@@ -78,6 +78,25 @@ def test_grad_accumulates_into_leaves_and_skips_inputs_without_grad():
     torch.testing.assert_close(v.grad, 2 * first[1], rtol=0, atol=0)
 
 
+def test_deterministic_gradients_through_autograd():
+    q, k, v = _leaves(1, 500, 900, 8, 2, 128, torch.bfloat16, seed=13)
+    dout = torch.randn(1, 500, 8, 128, device="cuda", dtype=torch.bfloat16)
+    runs = [
+        torch.autograd.grad(flash4.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), dout)
+        for _ in range(2)
+    ]
+    for name, first, second in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
+    _check_grads(q, k, v, dout, True, runs[0])
+
+
+@pytest.mark.parametrize("flag", ("return_lse", "deterministic"))
+def test_flags_must_be_bools(flag):
+    q, k, v = _leaves(1, 8, 8, 2, 2, 64, torch.bfloat16, seed=2)
+    with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got int"):
+        flash4.flash_attn_func(q, k, v, **{flag: 1})
+
+
 def test_return_lse_under_autograd():
     q, k, v = _leaves(2, 130, 257, 4, 4, 128, torch.float16, seed=11)
     out, lse = flash4.flash_attn_func(q, k, v, causal=True, return_lse=True)

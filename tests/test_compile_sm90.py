@@ -78,4 +78,24 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
     assert reductions == (2 * config.tile_n * head_dim // (2 * 256) if grouped else 0)
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.tile" in ptx) != grouped
+    # Not deterministic: the bulk copies are only waited for until shared memory is read.
+    assert not re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx) and "red.release" not in ptx
 
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
+def test_deterministic_backward_takes_turns(head_dim, grouped):
+    # dQ's reductions wait for their turn (acquire), wait until they have landed (a full
+    # bulk wait, not only the read of shared memory) and pass the turn on (release); under
+    # GQA the dK, dV additions of the epilogue do the same.
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    report = compile_backward_report(backward_config(head_dim, True, grouped, deterministic=True))
+    assert report.serialized_wgmma == 0
+    ptx = report.ptx
+    turns = 2 + (1 if grouped else 0)  # the masked and the mask-free loop, and the epilogue
+    assert ptx.count("red.release.gpu.global.add.s32") == turns
+    assert ptx.count("ld.acquire.gpu") == 2 * turns  # the first read, and the spin
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2

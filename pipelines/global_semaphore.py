@@ -1,0 +1,30 @@
+"""Counters in global memory that put CTAs' additions into one fp32 accumulator in a fixed
+order, so that the sums come out bit-identical run to run (the deterministic backward).
+
+Each accumulator tile has a counter that starts at 0. The CTA of rank r waits until it
+reads r, adds its part, waits until the addition has landed, and raises the counter to
+r + 1. Ranks follow the grid's launch order (the lower block index goes first), so a CTA
+only ever waits for CTAs launched before it: no cycle, no deadlock.
+
+    wait_for_turn(counter, r)    one thread: spin on ld.acquire.gpu until counter == r
+    pass_turn(counter)           one thread: red.release.gpu.add counter, 1
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+@cute.jit
+def wait_for_turn(counter: cute.Pointer, rank: Int32) -> None:
+    seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    while seen != rank:
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+
+
+@cute.jit
+def pass_turn(counter: cute.Pointer) -> None:
+    # Release: everything this thread (and, through the CTA barrier before it, its CTA)
+    # wrote is visible before the next rank can read its turn.
+    cute.arch.red(counter, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
