@@ -29,14 +29,22 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 # split) builds for sm_90a but has not yet run on a GPU; until its GPU tests pass there,
 # autograd refuses it rather than hand out unverified gradients.
 AUTOGRAD_HEAD_DIMS = (64, 128)
+# The deterministic backward (turn counters) builds for sm_90a but has not yet run on a
+# GPU; autograd refuses it until its GPU tests pass there.
+AUTOGRAD_DETERMINISTIC = False
 
 
-def check_backward_supported(problem: AttentionProblem) -> None:
+def check_backward_supported(problem: AttentionProblem, deterministic: bool = False) -> None:
     """Raise, before any launch, for a problem whose gradients flash4 cannot compute."""
     if problem.head_dim not in AUTOGRAD_HEAD_DIMS:
         raise NotImplementedError(
             f"head_dim={problem.head_dim}: flash4's backward supports head dims {AUTOGRAD_HEAD_DIMS}; "
             f"the forward alone runs under torch.no_grad() or with inputs that do not require grad"
+        )
+    if deterministic and not AUTOGRAD_DETERMINISTIC:
+        raise NotImplementedError(
+            "deterministic=True: the deterministic backward is not available yet (its kernels have not "
+            "passed their GPU tests); call with deterministic=False"
         )
 
 

@@ -343,3 +343,14 @@ def test_backward_head_dims(head_dim):
     else:
         with pytest.raises(NotImplementedError, match=rf"^head_dim={head_dim}: .*\(64, 128\).*torch.no_grad\(\)"):
             check_backward_supported(problem)
+
+
+def test_deterministic_backward_is_refused_until_verified():
+    # Its kernels have not run on a GPU yet: asking for it fails before any launch.
+    from flash4.backward import AUTOGRAD_DETERMINISTIC, check_backward_supported
+
+    problem = AttentionProblem(1, 5, 5, 2, 2, 64, "bfloat16", 0.125, False)
+    check_backward_supported(problem, deterministic=False)
+    assert not AUTOGRAD_DETERMINISTIC
+    with pytest.raises(NotImplementedError, match=r"^deterministic=True: .*deterministic=False"):
+        check_backward_supported(problem, deterministic=True)
