@@ -70,12 +70,14 @@ def attention_backward(
     causal: bool = False,
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     deterministic: bool = False,
+    config: Sm90BackwardConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``flash_attn_func(q, k, v, softmax_scale, causal)`` given its ``out``
     and ``lse`` and the gradient ``dout`` of out. ``grads`` may give the three output
     tensors (contiguous, like q, k, v); they are fully overwritten. ``deterministic``: the
     fp32 additions of different CTAs into one gradient take turns in a fixed order, so the
-    gradients are bit-identical run to run."""
+    gradients are bit-identical run to run. ``config`` replaces the selector's kernel
+    configuration (sweeps and tests of candidates)."""
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     for name, tensor in (("out", out), ("dout", dout)):
         if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:
@@ -89,7 +91,8 @@ def attention_backward(
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {lse_shape}; got "
                          f"{lse.dtype} {tuple(lse.shape)}")
     grouped = problem.kv_heads != problem.heads
-    config = backward_config(problem.head_dim, causal, grouped, deterministic)
+    if config is None:
+        config = backward_config(problem.head_dim, causal, grouped, deterministic)
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -107,7 +110,8 @@ def attention_backward(
     dq_turns = kv_turns = None
     if deterministic:
         turns = dict(dtype=torch.int32, device=q.device)
-        dq_turns = torch.zeros(batch, heads, padded // config.tile_m, **turns)
+        dq_parts = config.consumer_warpgroups if config.dq_per_warpgroup else 1
+        dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_parts, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
     compiled_backward(config, problem.dtype)(

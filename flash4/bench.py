@@ -227,7 +227,7 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     from flash4.interface import flash_attn_func
 
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
-    dout = _dout_like(out)
+    dout = dout_like(out)
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     return (
         (lambda: attention_backward(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal, grads=grads)),
@@ -235,7 +235,7 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     )
 
 
-def _dout_like(out: torch.Tensor) -> torch.Tensor:
+def dout_like(out: torch.Tensor) -> torch.Tensor:
     """The upstream gradient every backward provider of a shape gets: the same draw."""
     generator = torch.Generator(device=out.device).manual_seed(DOUT_SEED)
     return torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator)
@@ -258,7 +258,7 @@ def autograd_backward(
     layout and flash4's (a transpose is its own inverse)."""
     leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
     out = forward(*leaves)
-    dout = layout(_dout_like(layout(out.detach())))
+    dout = layout(dout_like(layout(out.detach())))
     return (lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)), (lambda grads: grads[0])
 
 

@@ -109,6 +109,11 @@ class Sm90BackwardConfig:
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
     deterministic: bool = False
+    # Candidate: each warpgroup writes out its own columns of dQ (its own barrier and TMA
+    # reduction) instead of both meeting at one barrier after the dQ GEMM, so the two can
+    # drift apart and one's softmax overlap the other's GEMMs; dSᵀ (and Pᵀ) then take two
+    # buffers.
+    dq_per_warpgroup: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -119,7 +124,7 @@ class Sm90BackwardConfig:
         the head dim is split; keys x queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
-        tiles_through_smem = 2 if self.head_dim_split else 1
+        tiles_through_smem = (2 if self.head_dim_split else 1) * (2 if self.dq_per_warpgroup else 1)
         ds = tiles_through_smem * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES

@@ -60,9 +60,9 @@ from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, war
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
 ROW_TILE_ALIGN_BYTES = 128
-# The consumer warp that issues dQ's TMA reductions and waits for their reads. A whole
-# warp: the reduction's copy elects one lane with ``elect.sync`` over all 32, which hangs
-# when the other lanes are elsewhere.
+# The consumer warp (of the CTA, or with dq_per_warpgroup of each warpgroup) that issues
+# dQ's TMA reductions and waits for their reads. A whole warp: the reduction's copy elects
+# one lane with ``elect.sync`` over all 32, which hangs when the other lanes are elsewhere.
 DQ_ISSUER_WARP = 0
 
 
@@ -131,6 +131,7 @@ class BackwardOperands:
     # The head-dim split's Pᵀ in shared memory (None otherwise).
     sP: Optional[cute.Tensor]
     store_dq: Any
+    warpgroup_idx: Int32
 
 
 def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
@@ -170,6 +171,10 @@ class Sm90BackwardKernel:
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
         self.split = config.head_dim_split
+        # dq_per_warpgroup: the warpgroups stop waiting for each other after the dQ GEMM, so
+        # one may still read the dSᵀ (and Pᵀ) of a block while the other writes the next.
+        self.ds_stages = 2 if config.dq_per_warpgroup else 1
+        self.dq_parts = config.consumer_warpgroups if config.dq_per_warpgroup else 1
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
 
@@ -230,8 +235,10 @@ class Sm90BackwardKernel:
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.q_stages)
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
-        sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m)
-        sdQ_layout = smem_tile_layout(Float32, self.tile_m, self.head_dim)
+        sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
+        # dQ's fp32 tile, whole or (dq_per_warpgroup) as one part per warpgroup: its columns.
+        dq_part = (self.tile_m, self.head_dim // self.dq_parts)
+        sdQ_layout = smem_tile_layout(Float32, *dq_part, self.dq_parts if self.dq_parts > 1 else None)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -244,7 +251,7 @@ class Sm90BackwardKernel:
         # dQ leaves through shared memory: the TMA engine adds a whole fp32 tile into the
         # accumulator, instead of every thread issuing one reduction per pair of values.
         atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQAccum, sdQ_layout, (self.tile_m, self.head_dim)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQAccum, cute.select(sdQ_layout, mode=[0, 1]), dq_part
         )
         atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
         atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
@@ -463,7 +470,7 @@ class Sm90BackwardKernel:
         sQt = cute.composition(sQ, cute.make_ordered_layout((d, tile_m, self.config.q_stages), order=(1, 0, 2)))
         sdOt = cute.composition(sdO, cute.make_ordered_layout((d, tile_m, self.config.do_stages), order=(1, 0, 2)))
         sKt = cute.composition(sK, cute.make_ordered_layout((d, tile_n), order=(1, 0)))
-        sdSt = cute.composition(sdS, cute.make_ordered_layout((tile_m, tile_n), order=(1, 0)))
+        sdSt = cute.composition(sdS, cute.make_ordered_layout((tile_m, tile_n, self.ds_stages), order=(1, 0, 2)))
         acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dv.fill(0.0)
@@ -496,6 +503,7 @@ class Sm90BackwardKernel:
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
+            warpgroup_idx=warpgroup_idx,
         )
 
     @cute.jit
@@ -517,6 +525,7 @@ class Sm90BackwardKernel:
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs."""
         c = acc_rows_cols(ops.st_coords)
         columns = cute.size(c, mode=[1])
+        ds_stage = m_block % self.ds_stages
         q_ring.consumer_wait(q_state)
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
@@ -562,14 +571,14 @@ class Sm90BackwardKernel:
             for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
                 packed = cute.make_rmem_tensor_like(acc, self.dtype)
                 convert_packed(acc, packed)
-                cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(smem))
+                cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(smem[None, None, ds_stage]))
         else:
             convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
             # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores:
             # no second conversion, no second copy in registers.
             ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
-            cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS))
+            cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
         cute.arch.fence_view_async_shared()
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -578,9 +587,15 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
             # next block's tiles load under the rest of this one.
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
+            warpgroup_gemm(
+                ops.tiled_mma_dkv, ops.acc_dk, ops.dst[None, None, None, ds_stage], ops.tdKrQ[None, None, None, q_state.index],
+                False,
+            )
+            warpgroup_gemm(
+                ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
+                False,
+            )
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup.wait_group(2)
             q_ring.consumer_release(q_state)
             warpgroup.wait_group(1)
@@ -589,7 +604,7 @@ class Sm90BackwardKernel:
             self.reduce_dq(ops, acc_dq, dq_out, block, m_block, tidx)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS, ops.tdQrK, True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
@@ -603,32 +618,49 @@ class Sm90BackwardKernel:
         self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, block: KeyBlock, m_block: Int32,
         tidx: Int32,
     ):
-        """dQ to shared memory, then one TMA reduction adds the tile into the accumulator;
-        the TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+        """dQ to shared memory, then TMA reductions add it into the accumulator; the TMA
+        engine (async proxy) reads what the threads (generic proxy) wrote. One tile for the
+        CTA, or (dq_per_warpgroup) one part per warpgroup, its columns, each with its own
+        barrier and reduction.
 
         Deterministic: the key blocks add into a query block's accumulator in their order
         (the contributors of a query block are key blocks 0, 1, ...: its turn counter
         reaches n_block when this one may go), and the next waits until this addition has
         landed, not only been read."""
-        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(dq_out.smem))
+        parts = self.dq_parts
+        tile = dq_out.smem if parts == 1 else cute.group_modes(dq_out.smem, 1, 3)
+        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
+        part = 0
+        part_smem = dq_out.smem
+        if cutlass.const_expr(parts == 1):
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
+        else:
+            part = ops.warpgroup_idx
+            part_smem = dq_out.smem[None, None, part]
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
         if self.issues_dq(tidx):
             lane = cute.arch.lane_idx()
             if cutlass.const_expr(dq_out.turns is not None):
                 if lane == 0:
-                    wait_for_turn(dq_out.turns.iterator + m_block, block.n_block)
-            s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem, dq_out.accum, (self.tile_m, self.head_dim), m_block)
+                    wait_for_turn(dq_out.turns.iterator + m_block * parts + part, block.n_block)
+            s_tile, g_tile = tma_tile(
+                dq_out.atom, part_smem, dq_out.accum, (self.tile_m, self.head_dim // parts), m_block, part
+            )
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(dq_out.turns is not None):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 if lane == 0:
-                    pass_turn(dq_out.turns.iterator + m_block)
+                    pass_turn(dq_out.turns.iterator + m_block * parts + part)
 
-    @staticmethod
-    def issues_dq(tidx: Int32):
-        return cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP) == DQ_ISSUER_WARP
+    def issues_dq(self, tidx: Int32):
+        """Whether this thread's warp issues dQ's TMA reductions: the CTA's, or its
+        warpgroup's part of them."""
+        warp = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
+        if cutlass.const_expr(self.dq_parts > 1):
+            warp = warp % (THREADS_PER_WARPGROUP // THREADS_PER_WARP)
+        return warp == DQ_ISSUER_WARP
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

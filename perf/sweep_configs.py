@@ -1,12 +1,14 @@
-"""Time candidate tile configurations of the Hopper forward kernel on protocol shapes.
+"""Time candidate configurations of the Hopper kernels on protocol shapes.
 
-A development tool for choosing the selector's rows (flash4/dispatch.py): each candidate is
-a change to the row the selector picks for the shape; the candidates, flash-attn-4 and
-cuDNN are timed on the same tensors, taking turns over ``--rounds`` rounds (the bench's
-measure_shape), and each keeps its median. Two rounds of one kernel differed by up to 10%
-on the H200, so a single round decides nothing below that.
+A development tool for choosing the selector's rows (flash4/dispatch.py) and the backward's
+configurations (flash4/backward.py): each candidate is a change to the configuration the
+selector picks for the shape; the candidates, flash-attn-4 and cuDNN are timed on the same
+tensors, taking turns over ``--rounds`` rounds (the bench's measure_shape), and each keeps
+its median. Two rounds of one kernel differed by up to 10% on the H200, so a single round
+decides nothing below that. Each candidate's largest distance to torch SDPA's output (dq
+for the backward) is printed beside its time: a fast wrong kernel is no candidate.
 
-    python perf/sweep_configs.py [--hdim 128] [--seqlen 2048 8192] [--rounds 5]
+    python perf/sweep_configs.py [--pass bwd] [--hdim 128] [--seqlen 2048 8192] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
     64: [dict(), dict(persistent=False)],
     128: [dict(), dict(persistent=False)],
     256: [dict(), dict(persistent=False), dict(persistent=True)],
+}
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(dq_per_warpgroup=True)],
+    128: [dict(), dict(dq_per_warpgroup=True)],
+    256: [dict(), dict(dq_per_warpgroup=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 
@@ -56,24 +63,63 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
     return prepare
 
 
+def backward_candidate(config: Any, diffs: dict[str, float], label: str) -> Callable[..., bench.Prepared]:
+    """A bench backward provider running the backward kernels with ``config``."""
+
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+        from flash4 import flash_attn_func
+        from flash4.backward import attention_backward
+
+        out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+        dout = bench.dout_like(out)
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(1, 2) for x in leaves), is_causal=causal, scale=scale
+        ).transpose(1, 2)
+        expected_dq = torch.autograd.grad(expected, leaves[0], dout)[0]
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+
+        def run() -> Any:
+            return attention_backward(q, k, v, out, dout, lse, scale, causal, grads=grads, config=config)
+
+        def check(result: Any) -> torch.Tensor:
+            diffs[label] = float((result[0] - expected_dq).abs().max())
+            return result[0]
+
+        return run, check
+
+    return prepare
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--hdim", type=int, nargs="+", default=sorted(CANDIDATES))
     parser.add_argument("--causal", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
     causal_modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
-    for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes):
-        base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
+    backward = args.pass_ == "bwd"
+    for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes, passes=(args.pass_,)):
         diffs: dict[str, float] = {}
         providers: dict[str, Callable[..., bench.Prepared]] = {}
-        for change in CANDIDATES[shape.head_dim]:
-            label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
-            config = dataclasses.replace(base.config, **change)
-            providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
-        providers.update({name: bench.PROVIDERS[name] for name in PEERS})
+        if backward:
+            from flash4.backward import backward_config
+
+            base_config = backward_config(shape.head_dim, shape.causal)
+            for change in BACKWARD_CANDIDATES[shape.head_dim]:
+                label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
+                providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
+        else:
+            base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
+            for change in CANDIDATES[shape.head_dim]:
+                label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
+                config = dataclasses.replace(base.config, **change)
+                providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
+        peers = bench.BACKWARD_PROVIDERS if backward else bench.PROVIDERS
+        providers.update({name: peers[name] for name in PEERS})
         record = bench.measure_shape(shape, timer, providers=providers, rounds=args.rounds)
         cells = []
         for name, m in record.results.items():
@@ -83,7 +129,8 @@ def main() -> None:
             low, high = (shape.flops / (ms * 1e-3) / 1e12 for ms in (max(m.ms_rounds), min(m.ms_rounds)))
             diff = f" diff {diffs[name]:.1e}" if name in diffs else ""
             cells.append(f"{name}: {m.tflops:.0f} [{low:.0f}-{high:.0f}]{diff}")
-        print(f"d{shape.head_dim} {'causal' if shape.causal else 'full'} s{shape.seqlen}: " + " | ".join(cells),
+        print(f"{args.pass_} d{shape.head_dim} {'causal' if shape.causal else 'full'} s{shape.seqlen}: "
+              + " | ".join(cells),
               flush=True)
         torch.cuda.empty_cache()
 

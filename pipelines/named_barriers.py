@@ -26,6 +26,9 @@ class NamedBarrier(enum.IntEnum):
     # the warp that issues its TMA reduction goes; passing it also means every warpgroup's
     # dQ GEMM, the reader of dSᵀ, is done.
     DQ_TILE = 6
+    # Backward with dq_per_warpgroup: warpgroup i's part of the dQ tile is in shared memory
+    # before its issuing warp goes (DQ_PART_0 + i, 128 threads).
+    DQ_PART_0 = 7
 
 
 class WarpgroupPingPong:

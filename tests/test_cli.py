@@ -239,7 +239,7 @@ def test_autograd_backward_gives_the_gradients_for_the_shared_dout() -> None:
     run, first = bench.autograd_backward(forward, q, k, v, layout=lambda x: x.transpose(1, 2))
     grads = run()
     out, lse = reference.attention(q, k, v, compute_dtype=torch.float64)
-    dout = bench._dout_like(out)
+    dout = bench.dout_like(out)
     expected = reference.attention_backward(q, k, v, out, dout, lse, compute_dtype=torch.float64)
     for got, want in zip(grads, expected):
         assert (got - want).abs().max().item() < 1e-10
