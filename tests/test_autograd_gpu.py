@@ -51,6 +51,13 @@ def _check_grads(q, k, v, dout, causal, grads):
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
+def _backward_and_check(q, k, v, out, causal):
+    """Gradients of ``out`` for a fresh random dout, from a NaN-poisoned allocator."""
+    dout = torch.randn_like(out)
+    _poison_allocator()
+    _check_grads(q, k, v, dout, causal, torch.autograd.grad(out, (q, k, v), dout))
+
+
 @pytest.mark.parametrize("head_dim", (64, 128))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
@@ -58,11 +65,7 @@ def _check_grads(q, k, v, dout, causal, grads):
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
 def test_gradients_match_reference(head_dim, causal, dtype, seqlen_q, seqlen_k, heads, kv_heads):
     q, k, v = _leaves(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, seed=seqlen_q + 7 * seqlen_k)
-    out = flash4.flash_attn_func(q, k, v, causal=causal)
-    dout = torch.randn_like(out)
-    _poison_allocator()
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    _check_grads(q, k, v, dout, causal, grads)
+    _backward_and_check(q, k, v, flash4.flash_attn_func(q, k, v, causal=causal), causal)
 
 
 def test_grad_accumulates_into_leaves_and_skips_inputs_without_grad():
@@ -107,10 +110,7 @@ def test_return_lse_under_autograd():
     with torch.no_grad():
         out_plain, lse_plain = flash4.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert torch.equal(out.detach(), out_plain) and torch.equal(lse, lse_plain)
-    dout = torch.randn_like(out)
-    _poison_allocator()
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    _check_grads(q, k, v, dout, True, grads)
+    _backward_and_check(q, k, v, out, True)
 
 
 def test_upstream_gradient_of_any_layout():
