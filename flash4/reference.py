@@ -1,5 +1,6 @@
-"""Attention in plain torch: the exact maths, the kernel's blockwise algorithm, and the
-"torch in the input dtype" baseline that the accuracy rule of DESIGN.md compares against.
+"""Attention in plain torch: the exact maths, the kernel's blockwise algorithm, the
+"torch in the input dtype" baseline that the accuracy rule of DESIGN.md compares against,
+and the FP8 kernel's arithmetic on quantized inputs.
 
 Everything here runs on CPU as well as CUDA. Layout is flash4's:
 q (batch, seqlen_q, heads, head_dim); k, v (batch, seqlen_k, kv_heads, head_dim), where
@@ -14,6 +15,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from flash4.quantize import FP8_DTYPE, FP8_MAX, Fp8Tensor
 
 # exp(x) == exp2(x * log2(e)): the kernel folds log2(e) into the softmax scale so each score
 # costs one multiply-add and one exp2 (the hardware's native exponential).
@@ -319,3 +322,30 @@ def blockwise_attention_backward(
     dk = (dk[:, :, :seqlen_k] * scale).transpose(1, 2)
     dv = dv[:, :, :seqlen_k].transpose(1, 2)
     return dq, _sum_over_query_groups(dk, kv_heads), _sum_over_query_groups(dv, kv_heads)
+
+
+def fp8_attention(
+    q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor, softmax_scale: float | None = None, causal: bool = False
+) -> Tensor:
+    """The FP8 kernel's arithmetic, in float64 on the dequantized inputs: exact attention
+    except that the probabilities are rounded to e4m3 for the P V product, as the kernel's
+    second FP8 GEMM needs. Per row, P = exp(s - max) lies in (0, 1]; it is scaled by FP8_MAX
+    onto e4m3's full range before rounding (e4m3's relative precision down to 2^-9 · 448 ≈ 1,
+    instead of subnormals below 2^-6) and divided by it after, and the row sum uses P before
+    rounding. (The kernel's running max makes its P differ per key block; the rounding
+    error per element is the same.) Returns float64 (batch, seqlen_q, heads, head_dim)."""
+    if q.hadamard != k.hadamard:
+        raise ValueError("q and k must both be rotated (hadamard=True) or neither")
+    if v.hadamard:
+        raise ValueError("v must not be rotated: that would rotate the output")
+    qd, kd, vd = (t.dequantize().double() for t in (q, k, v))
+    scale = default_softmax_scale(qd.shape[-1]) if softmax_scale is None else softmax_scale
+    scores = _scores(qd, kd) * scale
+    if causal:
+        scores = scores.masked_fill(~causal_visible(qd.shape[1], kd.shape[1], qd.device), -math.inf)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_has_key = row_max != -math.inf
+    p = torch.where(row_has_key, torch.exp(scores - torch.where(row_has_key, row_max, 0.0)), 0.0)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    p_fp8 = (p * FP8_MAX).to(FP8_DTYPE).double() / FP8_MAX
+    return _probs_times_v(torch.where(row_has_key, p_fp8 / torch.where(row_has_key, row_sum, 1.0), 0.0), vd)

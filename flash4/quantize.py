@@ -1,0 +1,119 @@
+"""FP8 (e4m3) quantization of attention inputs: blockwise scales and the Hadamard rotation.
+
+``quantize_fp8(x, block)`` returns e4m3 values and one float32 *descale* per (batch, head,
+block of ``block`` rows): ``x ≈ values.float() * descale``, each block scaled so that its
+largest magnitude lands on e4m3's largest finite value (448). A block of rows matches a
+kernel tile (the query tile for Q, the key tile for K and V), so the kernel multiplies one
+descale per tile into the softmax scale (Q, K) or the output (V). ``block=None`` gives one
+descale for the whole tensor (per-tensor scaling, cuDNN's FP8 mode on Hopper).
+
+``hadamard=True`` first rotates the head dim by ``H · diag(signs) / sqrt(d)``, H the
+Walsh–Hadamard matrix and ``signs`` a fixed random ±1 vector (incoherent processing). The
+rotation is orthogonal, so rotating Q and K with the same signs leaves Q Kᵀ unchanged while
+an outlier in one coordinate is spread over all d of them, and a block's scale is no longer
+set by its one largest entry. V is not rotated (that would rotate the output). The
+transform runs as log2(d) butterfly stages, O(d log d) per row, never a dense matmul.
+
+Runs on CPU and CUDA (torch only); the FP8 kernel consumes what it returns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+FP8_DTYPE = torch.float8_e4m3fn
+# e4m3's largest finite value: a block's largest magnitude is scaled onto it.
+FP8_MAX = torch.finfo(FP8_DTYPE).max
+# The sign vector of the rotation comes from this seed, so that Q and K quantized apart get
+# the same rotation (and with it Q Kᵀ unchanged).
+HADAMARD_SEED = 0x5EED
+
+
+class Fp8Tensor(NamedTuple):
+    """e4m3 ``values`` (batch, seqlen, heads, head_dim) and float32 ``descale``: (batch,
+    heads, ceil(seqlen / block)) for blockwise scales, shape () for one per tensor.
+    ``values.float() * descale`` (broadcast over each block's rows) approximates the input
+    (rotated, if ``hadamard``)."""
+
+    values: Tensor
+    descale: Tensor
+    block: int | None
+    hadamard: bool
+
+    def dequantize(self) -> Tensor:
+        """float32 (batch, seqlen, heads, head_dim): values times their descales."""
+        values = self.values.float()
+        if self.block is None:
+            return values * self.descale
+        seqlen = values.shape[1]
+        per_row = self.descale.repeat_interleave(self.block, dim=2)[:, :, :seqlen]
+        return values * per_row.transpose(1, 2).unsqueeze(-1)
+
+
+def hadamard_signs(head_dim: int, device: torch.device | str = "cpu") -> Tensor:
+    """The fixed random ±1 vector of flash4's rotation, float32 (head_dim,)."""
+    generator = torch.Generator().manual_seed(HADAMARD_SEED)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator) * 2 - 1
+    return signs.to(device=device, dtype=torch.float32)
+
+
+def hadamard_rotate(x: Tensor, signs: Tensor | None = None) -> Tensor:
+    """x · diag(signs) · H / sqrt(d) over the last dim (a power of two), in float32.
+
+    Orthogonal (and H symmetric), so rotating two tensors with the same signs keeps every
+    dot product between their rows; ``hadamard_unrotate`` undoes it.
+    """
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"head_dim={d}: the Hadamard rotation needs a power of two")
+    if signs is None:
+        signs = hadamard_signs(d, x.device)
+    y = x.float() * signs
+    # One butterfly stage per bit of the index: (a, b) -> (a + b, a - b) on pairs `half` apart.
+    half = 1
+    while half < d:
+        pairs = y.reshape(*y.shape[:-1], d // (2 * half), 2, half)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).reshape(y.shape)
+        half *= 2
+    return y / math.sqrt(d)
+
+
+def hadamard_unrotate(y: Tensor, signs: Tensor | None = None) -> Tensor:
+    """The inverse of ``hadamard_rotate``: y · H / sqrt(d) · diag(signs)."""
+    d = y.shape[-1]
+    if signs is None:
+        signs = hadamard_signs(d, y.device)
+    ones = torch.ones(d, device=y.device)
+    return hadamard_rotate(y, ones) * signs
+
+
+def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> Fp8Tensor:
+    """e4m3 values and float32 descales of ``x`` (batch, seqlen, heads, head_dim); see the
+    module docstring. ``block``: rows per descale (None: one for the whole tensor)."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    x = hadamard_rotate(x) if hadamard else x.float()
+    if block is None:
+        descale = _descale(x.abs().amax())
+        return Fp8Tensor((x / descale).to(FP8_DTYPE), descale, None, hadamard)
+    batch, seqlen, heads, head_dim = x.shape
+    blocks = -(-seqlen // block)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, blocks * block - seqlen))
+    amax = padded.abs().view(batch, blocks, block, heads, head_dim).amax(dim=(2, 4))  # (b, blocks, h)
+    descale = _descale(amax).transpose(1, 2).contiguous()  # (b, h, blocks)
+    per_row = descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2).unsqueeze(-1)
+    return Fp8Tensor((x / per_row).to(FP8_DTYPE), descale, block, hadamard)
+
+
+def _descale(amax: Tensor) -> Tensor:
+    """amax / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()
