@@ -17,7 +17,12 @@ from flash4 import reference
 pytestmark = pytest.mark.gpu
 
 ABS_SLACK = 1e-5
-SEQLEN_PAIRS = ((1, 1), (17, 17), (128, 128), (1000, 1000), (1000, 17), (17, 1000), (333, 777), (777, 333))
+# The forward tests' grid (ragged, equal and unequal both ways, up to 4096), plus two
+# lengths that are no multiple of any tile.
+SEQLEN_PAIRS = (
+    (1, 1), (17, 17), (128, 128), (1000, 1000), (4096, 4096),
+    (1, 1000), (17, 1000), (1000, 17), (128, 4096), (4096, 128), (333, 777), (777, 333),
+)
 
 
 def _max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
