@@ -143,6 +143,9 @@ class Options:
 class Timer:
     description: str
     milliseconds: Callable[[Callable[[], Any]], float]
+    # (low, median, high) of one timing's samples, where the timer keeps them: the spread
+    # within a round, beside ms_rounds' spread between rounds.
+    spread: Callable[[Callable[[], Any]], tuple[float, float, float]] | None = None
 
 
 # A square GEMM this large runs the tensor cores at their sustained rate (the H200's bf16
@@ -177,6 +180,10 @@ def measure_ceilings(timer: Timer, device: str = "cuda", gemm_size: int = CEILIN
     return ceilings
 
 
+# The quantiles of a timing's samples recorded as its spread (low, median, high).
+SPREAD_QUANTILES = (0.2, 0.5, 0.8)
+
+
 def make_timer(quick: bool) -> Timer:
     warmup, rep = (QUICK_WARMUP_MS, QUICK_REP_MS) if quick else (WARMUP_MS, REP_MS)
     try:
@@ -187,9 +194,15 @@ def make_timer(quick: bool) -> Timer:
             f"triton is not importable ({exc}); FALLBACK: median of CUDA events over {calls} calls, L2 flushed",
             lambda fn: _event_median_ms(fn, calls),
         )
+    def spread(fn: Callable[[], Any]) -> tuple[float, float, float]:
+        low, median, high = do_bench(fn, warmup=warmup, rep=rep, quantiles=list(SPREAD_QUANTILES))
+        return float(low), float(median), float(high)
+
     return Timer(
-        f"median of triton.testing.do_bench(warmup={warmup} ms, rep={rep} ms)",
-        lambda fn: float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median")),
+        f"median of triton.testing.do_bench(warmup={warmup} ms, rep={rep} ms); spread: its "
+        f"{SPREAD_QUANTILES[0]:.0%} and {SPREAD_QUANTILES[2]:.0%} quantiles",
+        lambda fn: spread(fn)[1],
+        spread,
     )
 
 
@@ -350,6 +363,9 @@ class Measurement:
     tflops: float | None = None
     error: str | None = None
     ms_rounds: tuple[float, ...] = ()
+    # Within the rounds: the lowest low and the highest high quantile of the timer's samples
+    # (None when the timer keeps no samples).
+    ms_spread: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -404,12 +420,18 @@ def measure_shape(
             errors[name] = _error_text(exc)
     errors.update(wrong_outputs(outputs))
     times: dict[str, list[float]] = {name: [] for name in runs}
+    spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             if name in errors:
                 continue
             try:
-                times[name].append(timer.milliseconds(run))
+                if timer.spread is None:
+                    times[name].append(timer.milliseconds(run))
+                else:
+                    low, median, high = timer.spread(run)
+                    times[name].append(median)
+                    spreads[name].append((low, high))
             except Exception as exc:
                 errors[name] = _error_text(exc)
     results: dict[str, Measurement] = {}
@@ -418,8 +440,11 @@ def measure_shape(
             results[name] = Measurement(error=errors[name])
             continue
         ms = statistics.median(times[name])
+        spread = None
+        if spreads[name]:
+            spread = (min(low for low, _ in spreads[name]), max(high for _, high in spreads[name]))
         results[name] = Measurement(
-            ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12, ms_rounds=tuple(times[name])
+            ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12, ms_rounds=tuple(times[name]), ms_spread=spread
         )
 
     diff, against = None, None

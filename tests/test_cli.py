@@ -150,6 +150,20 @@ def test_measure_shape_interleaves_rounds_and_keeps_each_median() -> None:
     assert record.ratio_vs_best_peer == pytest.approx(2.0)
 
 
+def test_measure_shape_records_the_spread_within_rounds() -> None:
+    """A timer that keeps its samples: the median is timed, the spread is the lowest low and
+    the highest high over the rounds; a timer without samples records none."""
+    samples = iter([(1.0, 2.0, 4.0), (0.5, 3.0, 3.5), (1.5, 2.5, 6.0)])
+    timer = bench.Timer("fake", lambda fn: 0.0, lambda fn: next(samples))
+    shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False)
+    record = bench.measure_shape(shape, timer, providers={"flash4": _sdpa_math}, device="cpu", rounds=3)
+    assert record.results["flash4"].ms == 2.5 and record.results["flash4"].ms_rounds == (2.0, 3.0, 2.5)
+    assert record.results["flash4"].ms_spread == (0.5, 6.0)
+    plain = bench.measure_shape(shape, bench.Timer("fake", lambda fn: 1.0), providers={"flash4": _sdpa_math},
+                                device="cpu")
+    assert plain.results["flash4"].ms_spread is None
+
+
 def _fake_compiler(monkeypatch: pytest.MonkeyPatch, missing: dict[int, str] | None = None) -> list[tuple[object, str]]:
     """Install a fake flash4.compiler; entry number i lacks instruction missing[i]."""
     calls: list[tuple[object, str]] = []
