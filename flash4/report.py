@@ -97,13 +97,15 @@ def report_markdown(payload: dict[str, Any]) -> str:
             ]
         for head_dim in sorted({key(r)[1] for r in rows}):
             lines += [f"### head dim {head_dim}", ""]
-            lines.append("| mask | seqlen | " + " | ".join(providers) + " | flash4 / best |")
-            lines.append("|---|---|" + "---|" * (len(providers) + 1))
+            lines.append("| mask | seqlen | " + " | ".join(providers) + " | flash4 / best | flash4 / ceiling |")
+            lines.append("|---|---|" + "---|" * (len(providers) + 2))
             for r in sorted((r for r in rows if key(r)[1] == head_dim), key=key):
                 _, _, causal, seqlen = key(r)
                 cells = " | ".join(_cell(tflops(r, p)) for p in providers)
+                ours = tflops(r, FLASH4)
+                of_ceiling = f"{ours / ceiling:.0%}" if ours and ceiling else "-"
                 lines.append(f"| {'causal' if causal else 'full'} | {seqlen} | {cells} | "
-                             f"{_cell(r.get('ratio_vs_best_peer'), 3)} |")
+                             f"{_cell(r.get('ratio_vs_best_peer'), 3)} | {of_ceiling} |")
             lines.append("")
     return "\n".join(lines)
 
