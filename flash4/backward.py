@@ -110,8 +110,9 @@ def attention_backward(
     dq_turns = kv_turns = None
     if deterministic:
         turns = dict(dtype=torch.int32, device=q.device)
-        dq_parts = config.consumer_warpgroups if config.dq_per_warpgroup else 1
-        dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_parts, **turns)
+        # One counter per query block, per column part when each warpgroup writes its own.
+        dq_counters = config.consumer_warpgroups if config.dq_split == "columns" else 1
+        dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
     compiled_backward(config, problem.dtype)(

@@ -20,6 +20,8 @@ BARRIER_BYTES = 1024
 FP32_BYTES = 4
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
+# Sm90BackwardConfig.dq_split's values.
+DQ_SPLITS = ("cta", "columns", "keys")
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,15 @@ class Sm90BackwardConfig:
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
     deterministic: bool = False
-    # Candidate: each warpgroup writes out its own columns of dQ (its own barrier and TMA
-    # reduction) instead of both meeting at one barrier after the dQ GEMM, so the two can
-    # drift apart and one's softmax overlap the other's GEMMs; dSᵀ (and Pᵀ) then take two
-    # buffers.
-    dq_per_warpgroup: bool = False
+    # How dQ leaves the CTA (the sweep's candidates besides "cta"):
+    # "cta": both warpgroups' dQ GEMMs meet at one barrier, then one TMA reduction per tile;
+    # "columns": each warpgroup writes out its own columns of dQ (its own barrier and
+    #   reduction), so the two need not meet after the dQ GEMM; dSᵀ (and Pᵀ) then take two
+    #   buffers, as one warpgroup may still read a block's while the other writes the next;
+    # "keys" (split by keys only): each warpgroup computes dQ from its own 64 keys and adds
+    #   a whole tile of partial sums, so the warpgroups never wait for each other, and one's
+    #   softmax can overlap the other's GEMMs, at twice the reduction traffic.
+    dq_split: str = "cta"
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -124,9 +130,9 @@ class Sm90BackwardConfig:
         the head dim is split; keys x queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
-        tiles_through_smem = (2 if self.head_dim_split else 1) * (2 if self.dq_per_warpgroup else 1)
+        tiles_through_smem = (2 if self.head_dim_split else 1) * (2 if self.dq_split == "columns" else 1)
         ds = tiles_through_smem * self.tile_n * self.tile_m * elem_bytes
-        dq = self.tile_m * self.head_dim * FP32_BYTES
+        dq = (BACKWARD_CONSUMER_WARPGROUPS if self.dq_split == "keys" else 1) * self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES
 
     def __post_init__(self) -> None:
@@ -146,5 +152,7 @@ class Sm90BackwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
+        if self.dq_split not in DQ_SPLITS or (self.dq_split == "keys" and self.head_dim_split):
+            raise ValueError(f"dq_split={self.dq_split!r}: one of {DQ_SPLITS}, and 'keys' only when the keys are split")
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -60,7 +60,7 @@ from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, war
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
 ROW_TILE_ALIGN_BYTES = 128
-# The consumer warp (of the CTA, or with dq_per_warpgroup of each warpgroup) that issues
+# The consumer warp (of the CTA, or with a dq_split by warpgroup of each warpgroup) that issues
 # dQ's TMA reductions and waits for their reads. A whole warp: the reduction's copy elects
 # one lane with ``elect.sync`` over all 32, which hangs when the other lanes are elsewhere.
 DQ_ISSUER_WARP = 0
@@ -171,10 +171,12 @@ class Sm90BackwardKernel:
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
         self.split = config.head_dim_split
-        # dq_per_warpgroup: the warpgroups stop waiting for each other after the dQ GEMM, so
-        # one may still read the dSᵀ (and Pᵀ) of a block while the other writes the next.
-        self.ds_stages = 2 if config.dq_per_warpgroup else 1
-        self.dq_parts = config.consumer_warpgroups if config.dq_per_warpgroup else 1
+        self.dq_split = config.dq_split
+        # "columns": the warpgroups no longer meet after the dQ GEMM, so one may still read
+        # the dSᵀ (and Pᵀ) of a block while the other writes the next.
+        self.ds_stages = 2 if self.dq_split == "columns" else 1
+        # One part of dQ's way out per warpgroup ("columns", "keys") or one for the CTA.
+        self.dq_parts = 1 if self.dq_split == "cta" else config.consumer_warpgroups
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
 
@@ -226,18 +228,22 @@ class Sm90BackwardKernel:
             self.dtype, self.dtype, major_k, major_mn, Float32, dkv_atoms, dkv_tile, a_source=dkv_a
         )
         # dQ: M = queries, N = head_dim split between the warpgroups, K = keys; dS read as
-        # (queries, keys) and K as (head_dim, keys), both from shared memory.
+        # (queries, keys) and K as (head_dim, keys), both from shared memory. "keys": one
+        # warpgroup's whole dQ tile from its own 64 keys (each warpgroup an instance).
+        dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
+        if cutlass.const_expr(self.dq_split == "keys"):
+            dq_atoms, dq_tile = (1, 1, 1), (rows, self.head_dim)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_mn, major_mn, Float32, (1, self.config.consumer_warpgroups, 1),
-            (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim // self.config.consumer_warpgroups),
+            self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
 
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.q_stages)
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
-        # dQ's fp32 tile, whole or (dq_per_warpgroup) as one part per warpgroup: its columns.
-        dq_part = (self.tile_m, self.head_dim // self.dq_parts)
+        # dQ's fp32 tile: whole, one part per warpgroup of its columns ("columns"), or one
+        # whole tile of partial sums per warpgroup ("keys").
+        dq_part = (self.tile_m, self.head_dim // (2 if self.dq_split == "columns" else 1))
         sdQ_layout = smem_tile_layout(Float32, *dq_part, self.dq_parts if self.dq_parts > 1 else None)
         row_layout = cute.make_layout(self.tile_m)
 
@@ -463,14 +469,21 @@ class Sm90BackwardKernel:
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
-        wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
+        # "keys": every warpgroup runs its own instance of the dQ GEMM.
+        dq_thread = tidx % THREADS_PER_WARPGROUP if self.dq_split == "keys" else tidx
+        wg_dq = tiled_mma_dq.get_slice(0 if self.dq_split == "keys" else wg_threads(warpgroup_idx))
         # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
         # queries contiguous): the same swizzled bytes in another index order.
         sQt = cute.composition(sQ, cute.make_ordered_layout((d, tile_m, self.config.q_stages), order=(1, 0, 2)))
         sdOt = cute.composition(sdO, cute.make_ordered_layout((d, tile_m, self.config.do_stages), order=(1, 0, 2)))
         sKt = cute.composition(sK, cute.make_ordered_layout((d, tile_n), order=(1, 0)))
         sdSt = cute.composition(sdS, cute.make_ordered_layout((tile_m, tile_n, self.ds_stages), order=(1, 0, 2)))
+        if cutlass.const_expr(self.dq_split == "keys"):
+            # This warpgroup's 64 keys: its columns of dS, its rows of K.
+            rows = ROWS_PER_CONSUMER_WARPGROUP
+            sdSt = cute.local_tile(sdSt, (tile_m, rows, self.ds_stages), (0, warpgroup_idx, 0))
+            sKt = cute.local_tile(sKt, (d, rows), (0, warpgroup_idx))
         acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dv.fill(0.0)
@@ -502,7 +515,7 @@ class Sm90BackwardKernel:
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
-            ).get_slice(tidx),
+            ).get_slice(dq_thread),
             warpgroup_idx=warpgroup_idx,
         )
 
@@ -582,7 +595,13 @@ class Sm90BackwardKernel:
         cute.arch.fence_view_async_shared()
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        if cutlass.const_expr(self.dq_split == "keys"):
+            # Each warpgroup's dQ GEMM reads only the dSᵀ rows it wrote itself.
+            cute.arch.barrier(
+                barrier_id=int(NamedBarrier.DS_PART_0) + ops.warpgroup_idx, number_of_threads=THREADS_PER_WARPGROUP
+            )
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
@@ -620,18 +639,24 @@ class Sm90BackwardKernel:
     ):
         """dQ to shared memory, then TMA reductions add it into the accumulator; the TMA
         engine (async proxy) reads what the threads (generic proxy) wrote. One tile for the
-        CTA, or (dq_per_warpgroup) one part per warpgroup, its columns, each with its own
-        barrier and reduction.
+        CTA ("cta"), or one part per warpgroup with its own barrier and reduction: its
+        columns ("columns") or its whole tile of partial sums ("keys").
 
-        Deterministic: the key blocks add into a query block's accumulator in their order
-        (the contributors of a query block are key blocks 0, 1, ...: its turn counter
-        reaches n_block when this one may go), and the next waits until this addition has
-        landed, not only been read."""
-        parts = self.dq_parts
-        tile = dq_out.smem if parts == 1 else cute.group_modes(dq_out.smem, 1, 3)
+        Deterministic: the contributions to a query block's accumulator go in a fixed order,
+        each waiting until the one before has landed, not only been read. The contributors
+        of a query block are key blocks 0, 1, ... (in "keys" each twice, warpgroup 0 then
+        1), so a turn counter per tile (per column part in "columns") reaches this one's
+        rank when it may go."""
+        parts, split = self.dq_parts, self.dq_split
+        tile = dq_out.smem
+        if cutlass.const_expr(split == "columns"):
+            tile = cute.group_modes(dq_out.smem, 1, 3)
+        part = 0
+        if cutlass.const_expr(split == "keys"):
+            part = ops.warpgroup_idx
+            tile = dq_out.smem[None, None, part]
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
         cute.arch.fence_view_async_shared()
-        part = 0
         part_smem = dq_out.smem
         if cutlass.const_expr(parts == 1):
             cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
@@ -639,20 +664,25 @@ class Sm90BackwardKernel:
             part = ops.warpgroup_idx
             part_smem = dq_out.smem[None, None, part]
             cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
+        # Where this part lands in the accumulator (its column block), and its turn.
+        col_block, counter, rank = 0, m_block, block.n_block
+        if cutlass.const_expr(split == "columns"):
+            col_block, counter = part, m_block * parts + part
+        if cutlass.const_expr(split == "keys"):
+            rank = block.n_block * parts + part
         if self.issues_dq(tidx):
             lane = cute.arch.lane_idx()
             if cutlass.const_expr(dq_out.turns is not None):
                 if lane == 0:
-                    wait_for_turn(dq_out.turns.iterator + m_block * parts + part, block.n_block)
-            s_tile, g_tile = tma_tile(
-                dq_out.atom, part_smem, dq_out.accum, (self.tile_m, self.head_dim // parts), m_block, part
-            )
+                    wait_for_turn(dq_out.turns.iterator + counter, rank)
+            part_tile = (self.tile_m, self.head_dim // (parts if split == "columns" else 1))
+            s_tile, g_tile = tma_tile(dq_out.atom, part_smem, dq_out.accum, part_tile, m_block, col_block)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(dq_out.turns is not None):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 if lane == 0:
-                    pass_turn(dq_out.turns.iterator + m_block * parts + part)
+                    pass_turn(dq_out.turns.iterator + counter)
 
     def issues_dq(self, tidx: Int32):
         """Whether this thread's warp issues dQ's TMA reductions: the CTA's, or its

@@ -30,9 +30,11 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
     256: [dict(), dict(persistent=False), dict(persistent=True)],
 }
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(dq_per_warpgroup=True)],
-    128: [dict(), dict(dq_per_warpgroup=True)],
-    256: [dict(), dict(dq_per_warpgroup=True)],
+    64: [dict(), dict(dq_split="columns"), dict(dq_split="keys")],
+    # "keys" at head dim 128: its second dQ accumulator (64 registers) makes ptxas
+    # serialise the wgmmas (C7512), so it is no candidate there.
+    128: [dict(), dict(dq_split="columns")],
+    256: [dict(), dict(dq_split="columns")],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 

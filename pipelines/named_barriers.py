@@ -26,9 +26,12 @@ class NamedBarrier(enum.IntEnum):
     # the warp that issues its TMA reduction goes; passing it also means every warpgroup's
     # dQ GEMM, the reader of dSᵀ, is done.
     DQ_TILE = 6
-    # Backward with dq_per_warpgroup: warpgroup i's part of the dQ tile is in shared memory
-    # before its issuing warp goes (DQ_PART_0 + i, 128 threads).
+    # Backward with dQ split by warpgroup: warpgroup i's part of the dQ tile is in shared
+    # memory before its issuing warp goes (DQ_PART_0 + i, 128 threads; 7 and 8).
     DQ_PART_0 = 7
+    # Backward with dQ split by keys: warpgroup i's rows of dSᵀ are written before its own
+    # dQ GEMM reads them (DS_PART_0 + i, 128 threads; 9 and 10).
+    DS_PART_0 = 9
 
 
 class WarpgroupPingPong:

@@ -88,13 +88,13 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("split,head_dim", (("columns", 64), ("columns", 128), ("columns", 256), ("keys", 64)))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777)))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_dq_per_warpgroup_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
-    # The sweep candidate (each warpgroup writes out its own columns of dQ; dSᵀ in two
-    # buffers) must be right before it is timed; deterministic, it must also repeat exactly.
+def test_dq_split_candidates_match_reference(split, head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    # The sweep's candidates for dQ's way out must be right before they are timed;
+    # deterministic, they must also repeat exactly.
     import dataclasses
 
     from flash4 import flash_attn_func
@@ -112,7 +112,7 @@ def test_dq_per_warpgroup_candidate_matches_reference(head_dim, causal, seqlen_q
     runs = []
     for deterministic in (False, True, True):
         config = dataclasses.replace(
-            backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_per_warpgroup=True
+            backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_split=split
         )
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
         runs.append(attention_backward(

@@ -101,19 +101,22 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_dq_per_warpgroup_candidate_compiles_clean(head_dim):
+@pytest.mark.parametrize("split,head_dim", (("columns", 64), ("columns", 128), ("columns", 256), ("keys", 64)))
+def test_dq_split_candidates_compile_clean(split, head_dim):
     # A sweep candidate must meet the selector's bar before it is timed: pipelined wgmmas,
-    # and dQ's reductions split into one part per warpgroup: a warpgroup's half of the
-    # columns, in 128-byte boxes, issued by one warp of each (one instruction in the code).
+    # and dQ's way out in one part per warpgroup, each with its own 128-thread barrier:
+    # "columns" a warpgroup's half of the columns, "keys" its whole tile of partial sums,
+    # in 128-byte boxes, issued by one warp of each (one instruction in the code).
     import dataclasses
 
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = dataclasses.replace(backward_config(head_dim, True), dq_per_warpgroup=True)
+    config = dataclasses.replace(backward_config(head_dim, True), dq_split=split)
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (head_dim // 2 * 4 // 128)
-    # Each warpgroup's own barrier for its part of dQ, instead of one for both.
+    columns = head_dim // 2 if split == "columns" else head_dim
+    assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (columns * 4 // 128)
     assert "bar.sync \t6, 256" not in report.ptx and re.search(r"bar\.sync\s+%r\d+, 128;", report.ptx)
+    # "keys": the warpgroups never meet inside the loop (no 256-thread dS barrier either).
+    assert ("bar.sync \t5, 256" in report.ptx) == (split != "keys")
