@@ -236,8 +236,12 @@ def _flash4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 
 def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
-    from flash4.backward import attention_backward
+    from flash4.backward import attention_backward, check_backward_supported
+    from flash4.checks import check_attention_args
     from flash4.interface import flash_attn_func
+
+    # What autograd refuses (a kernel not yet verified on a GPU) is reported, not timed.
+    check_backward_supported(check_attention_args(q, k, v, scale, causal))
 
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     dout = dout_like(out)
