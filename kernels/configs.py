@@ -120,6 +120,9 @@ class Sm90BackwardConfig:
     #   a whole tile of partial sums, so the warpgroups never wait for each other, and one's
     #   softmax can overlap the other's GEMMs, at twice the reduction traffic.
     dq_split: str = "cta"
+    # With dq_split "keys": the warpgroups take turns to issue their Sᵀ and dPᵀ GEMMs, so
+    # one's GEMMs run while the other computes its P and dS (the forward's ping-pong).
+    pingpong: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -154,5 +157,7 @@ class Sm90BackwardConfig:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
         if self.dq_split not in DQ_SPLITS or (self.dq_split == "keys" and self.head_dim_split):
             raise ValueError(f"dq_split={self.dq_split!r}: one of {DQ_SPLITS}, and 'keys' only when the keys are split")
+        if self.pingpong and self.dq_split != "keys":
+            raise ValueError("pingpong=True needs dq_split='keys': elsewhere the warpgroups meet at every block anyway")
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

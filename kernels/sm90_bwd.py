@@ -49,7 +49,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.global_semaphore import pass_turn, wait_for_turn
-from ..pipelines.named_barriers import NamedBarrier
+from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
@@ -448,12 +448,19 @@ class Sm90BackwardKernel:
         masked_end = masked_block_end(
             n_block, m_begin, m_end, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
         )
+        pingpong = WarpgroupPingPong(ops.warpgroup_idx, self.config.consumer_warpgroups, THREADS_PER_WARPGROUP)
+        if cutlass.const_expr(self.config.pingpong):
+            # Both warpgroups walk the same query blocks, each passing the turn as often as
+            # it waits for it; warpgroup 0 goes first.
+            pingpong.start()
         for m_block in cutlass.range(m_begin, masked_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx, True)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, pingpong, m_block, scale_log2, tidx,
+                      True)
             q_state.advance()
             do_state.advance()
         for m_block in cutlass.range(masked_end, m_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx, False)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, pingpong, m_block, scale_log2, tidx,
+                      False)
             q_state.advance()
             do_state.advance()
         if self.issues_dq(tidx):
@@ -530,6 +537,7 @@ class Sm90BackwardKernel:
         rows: RowInputs,
         dq_out: DQReduction,
         block: KeyBlock,
+        pingpong: WarpgroupPingPong,
         m_block: Int32,
         scale_log2: Float32,
         tidx: Int32,
@@ -540,11 +548,18 @@ class Sm90BackwardKernel:
         columns = cute.size(c, mode=[1])
         ds_stage = m_block % self.ds_stages
         q_ring.consumer_wait(q_state)
+        if cutlass.const_expr(self.config.pingpong):
+            # Both tiles are in before the turn is taken, so the turn is not spent waiting.
+            do_ring.consumer_wait(do_state)
+            pingpong.wait_turn()
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
-        do_ring.consumer_wait(do_state)
+        if cutlass.const_expr(not self.config.pingpong):
+            do_ring.consumer_wait(do_state)
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
+        if cutlass.const_expr(self.config.pingpong):
+            pingpong.pass_turn()
 
         # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read from
         # shared memory where it is used: holding all of this thread's columns in registers

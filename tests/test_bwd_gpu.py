@@ -88,11 +88,13 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("split,head_dim", (("columns", 64), ("columns", 128), ("columns", 256), ("keys", 64)))
+@pytest.mark.parametrize("split,head_dim,pingpong", (
+    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False), ("keys", 64, False), ("keys", 64, True),
+))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777)))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_dq_split_candidates_match_reference(split, head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+def test_dq_split_candidates_match_reference(split, head_dim, pingpong, causal, seqlen_q, seqlen_k, heads, kv_heads):
     # The sweep's candidates for dQ's way out must be right before they are timed;
     # deterministic, they must also repeat exactly.
     import dataclasses
@@ -112,7 +114,7 @@ def test_dq_split_candidates_match_reference(split, head_dim, causal, seqlen_q, 
     runs = []
     for deterministic in (False, True, True):
         config = dataclasses.replace(
-            backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_split=split
+            backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_split=split, pingpong=pingpong
         )
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
         runs.append(attention_backward(

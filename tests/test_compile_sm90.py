@@ -101,8 +101,10 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
 
 
-@pytest.mark.parametrize("split,head_dim", (("columns", 64), ("columns", 128), ("columns", 256), ("keys", 64)))
-def test_dq_split_candidates_compile_clean(split, head_dim):
+@pytest.mark.parametrize("split,head_dim,pingpong", (
+    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False), ("keys", 64, False), ("keys", 64, True),
+))
+def test_dq_split_candidates_compile_clean(split, head_dim, pingpong):
     # A sweep candidate must meet the selector's bar before it is timed: pipelined wgmmas,
     # and dQ's way out in one part per warpgroup, each with its own 128-thread barrier:
     # "columns" a warpgroup's half of the columns, "keys" its whole tile of partial sums,
@@ -112,7 +114,7 @@ def test_dq_split_candidates_compile_clean(split, head_dim):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = dataclasses.replace(backward_config(head_dim, True), dq_split=split)
+    config = dataclasses.replace(backward_config(head_dim, True), dq_split=split, pingpong=pingpong)
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     columns = head_dim // 2 if split == "columns" else head_dim
@@ -120,3 +122,6 @@ def test_dq_split_candidates_compile_clean(split, head_dim):
     assert "bar.sync \t6, 256" not in report.ptx and re.search(r"bar\.sync\s+%r\d+, 128;", report.ptx)
     # "keys": the warpgroups never meet inside the loop (no 256-thread dS barrier either).
     assert ("bar.sync \t5, 256" in report.ptx) == (split != "keys")
+    # Ping-pong: each warpgroup waits for its turn (sync) and hands it on (arrive), 256
+    # threads each: the two warpgroups' turn barriers.
+    assert bool(re.search(r"bar\.arrive\s+%r\d+, 256;", report.ptx)) == pingpong
