@@ -591,10 +591,13 @@ class Sm90BackwardKernel:
         # dSᵀ (and, head-dim split, Pᵀ) to shared memory: the dQ GEMM reads all keys of
         # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. The previous block's
         # GEMMs that read them are done in every warpgroup: each waited for its own before
-        # the DQ_TILE barrier that this thread has passed. After the writes, the wgmma
-        # (async proxy) reads what stmatrix (generic proxy) wrote; the barrier also tells
-        # every thread that the TMA engine has read the previous dQ tile, before sdQ is
-        # written again.
+        # the DQ_TILE barrier that this thread has passed. Without that common barrier
+        # ("columns") two buffers take turns: the block before last, whose buffer this one
+        # reuses, is done in both warpgroups, as both passed the last DS_TILE barrier after
+        # it; and with "keys" each warpgroup only ever reads the rows it wrote. After the
+        # writes, the wgmma (async proxy) reads what stmatrix (generic proxy) wrote; the
+        # barrier also tells the threads that the TMA engine has read their previous dQ
+        # tile, before sdQ is written again.
         if cutlass.const_expr(self.split):
             for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
                 packed = cute.make_rmem_tensor_like(acc, self.dtype)
