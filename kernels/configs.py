@@ -116,9 +116,10 @@ class Sm90BackwardConfig:
     # "columns": each warpgroup writes out its own columns of dQ (its own barrier and
     #   reduction), so the two need not meet after the dQ GEMM; dSᵀ (and Pᵀ) then take two
     #   buffers, as one warpgroup may still read a block's while the other writes the next;
-    # "keys" (split by keys only): each warpgroup computes dQ from its own 64 keys and adds
-    #   a whole tile of partial sums, so the warpgroups never wait for each other, and one's
-    #   softmax can overlap the other's GEMMs, at twice the reduction traffic.
+    # "keys" (split by keys only): each warpgroup computes dQ from its own 64 keys, in
+    #   chunks of 64 columns, and adds a whole tile of partial sums, so the warpgroups never
+    #   wait for each other and one's softmax can overlap the other's GEMMs, at twice the
+    #   reduction traffic.
     dq_split: str = "cta"
     # With dq_split "keys": the warpgroups take turns to issue their Sᵀ and dPᵀ GEMMs, so
     # one's GEMMs run while the other computes its P and dS (the forward's ping-pong).

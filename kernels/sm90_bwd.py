@@ -60,6 +60,10 @@ from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, war
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
 ROW_TILE_ALIGN_BYTES = 128
+# dq_split "keys" runs each warpgroup's dQ GEMM in chunks of this many columns: the chunk's
+# accumulator (64 registers at 128 columns, 32 at 64) then fits beside dK and dV at head
+# dim 128, where the whole tile made ptxas serialise the wgmmas for want of registers.
+DQ_CHUNK_COLUMNS = 64
 # The consumer warp (of the CTA, or with a dq_split by warpgroup of each warpgroup) that issues
 # dQ's TMA reductions and waits for their reads. A whole warp: the reduction's copy elects
 # one lane with ``elect.sync`` over all 32, which hangs when the other lanes are elsewhere.
@@ -115,7 +119,8 @@ class BackwardOperands:
     tdVrdO: cute.Tensor
     tdKrQ: cute.Tensor
     tdQrdS: cute.Tensor
-    tdQrK: cute.Tensor
+    # dQ's B operand, one per chunk of columns (one chunk but with dq_split "keys").
+    tdQrK: tuple
     st_shape: Any
     dq_shape: Any
     # Pᵀ and dSᵀ in the input dtype, the A operands of the dV and dK GEMMs: registers, or
@@ -177,6 +182,8 @@ class Sm90BackwardKernel:
         self.ds_stages = 2 if self.dq_split == "columns" else 1
         # One part of dQ's way out per warpgroup ("columns", "keys") or one for the CTA.
         self.dq_parts = 1 if self.dq_split == "cta" else config.consumer_warpgroups
+        # "keys": each warpgroup's dQ GEMM, chunk after chunk of columns.
+        self.dq_chunks = self.head_dim // DQ_CHUNK_COLUMNS if self.dq_split == "keys" else 1
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
 
@@ -232,7 +239,7 @@ class Sm90BackwardKernel:
         # warpgroup's whole dQ tile from its own 64 keys (each warpgroup an instance).
         dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
         if cutlass.const_expr(self.dq_split == "keys"):
-            dq_atoms, dq_tile = (1, 1, 1), (rows, self.head_dim)
+            dq_atoms, dq_tile = (1, 1, 1), (rows, self.head_dim // self.dq_chunks)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
@@ -506,9 +513,13 @@ class Sm90BackwardKernel:
             tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
             tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
             tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
-            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
+            tdQrK=tuple(
+                wg_dq.make_fragment_B(wg_dq.partition_B(cute.local_tile(sKt, (d // self.dq_chunks, tile_n), (c, 0))))
+                if self.dq_chunks > 1 else wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
+                for c in range(self.dq_chunks)
+            ),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
-            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
+            dq_shape=wg_dq.partition_shape_C((tile_m, d // self.dq_chunks)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
@@ -632,33 +643,63 @@ class Sm90BackwardKernel:
                 ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
                 False,
             )
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
             warpgroup.wait_group(2)
             q_ring.consumer_release(q_state)
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
             warpgroup.wait_group(0)
-            self.reduce_dq(ops, acc_dq, dq_out, block, m_block, tidx)
+            self.write_dq(ops, acc_dq, dq_out, 0)
+            self.publish_dq(ops, dq_out, block, m_block, tidx)
+        elif cutlass.const_expr(self.dq_chunks > 1):
+            # dQ's first chunk before dK, the next ones after; each is written to shared
+            # memory while the GEMM behind it runs.
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
+            warpgroup.wait_group(1)
+            do_ring.consumer_release(do_state)
+            self.write_dq(ops, acc_dq, dq_out, 0)
+            for chunk in cutlass.range_constexpr(1, self.dq_chunks):
+                acc_chunk = cute.make_rmem_tensor(ops.dq_shape, Float32)
+                warpgroup_gemm(
+                    ops.tiled_mma_dq, acc_chunk, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[chunk], True
+                )
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(chunk == 1):
+                    q_ring.consumer_release(q_state)
+                self.write_dq(ops, acc_chunk, dq_out, chunk)
+            self.publish_dq(ops, dq_out, block, m_block, tidx)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
-            self.reduce_dq(ops, acc_dq, dq_out, block, m_block, tidx)
+            self.write_dq(ops, acc_dq, dq_out, 0)
+            self.publish_dq(ops, dq_out, block, m_block, tidx)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
 
     @cute.jit
-    def reduce_dq(
-        self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, block: KeyBlock, m_block: Int32,
-        tidx: Int32,
-    ):
-        """dQ to shared memory, then TMA reductions add it into the accumulator; the TMA
-        engine (async proxy) reads what the threads (generic proxy) wrote. One tile for the
-        CTA ("cta"), or one part per warpgroup with its own barrier and reduction: its
-        columns ("columns") or its whole tile of partial sums ("keys").
+    def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, chunk: int):
+        """This thread's dQ (or, "keys", its chunk ``chunk`` of columns) into shared memory:
+        the CTA's tile ("cta"), the warpgroup's columns of it ("columns"), or the
+        warpgroup's own tile of partial sums ("keys")."""
+        tile = dq_out.smem
+        if cutlass.const_expr(self.dq_split == "columns"):
+            tile = cute.group_modes(dq_out.smem, 1, 3)
+        if cutlass.const_expr(self.dq_split == "keys"):
+            tile = dq_out.smem[None, None, ops.warpgroup_idx]
+            if cutlass.const_expr(self.dq_chunks > 1):
+                tile = cute.local_tile(tile, (self.tile_m, self.head_dim // self.dq_chunks), (0, chunk))
+        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
+
+    @cute.jit
+    def publish_dq(self, ops: BackwardOperands, dq_out: DQReduction, block: KeyBlock, m_block: Int32, tidx: Int32):
+        """TMA reductions add what write_dq wrote into the accumulator: one for the CTA
+        ("cta"), or one per warpgroup, each after its own barrier ("columns", "keys"). The
+        TMA engine (async proxy) reads what the threads (generic proxy) wrote.
 
         Deterministic: the contributions to a query block's accumulator go in a fixed order,
         each waiting until the one before has landed, not only been read. The contributors
@@ -666,15 +707,8 @@ class Sm90BackwardKernel:
         1), so a turn counter per tile (per column part in "columns") reaches this one's
         rank when it may go."""
         parts, split = self.dq_parts, self.dq_split
-        tile = dq_out.smem
-        if cutlass.const_expr(split == "columns"):
-            tile = cute.group_modes(dq_out.smem, 1, 3)
-        part = 0
-        if cutlass.const_expr(split == "keys"):
-            part = ops.warpgroup_idx
-            tile = dq_out.smem[None, None, part]
-        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
         cute.arch.fence_view_async_shared()
+        part = 0
         part_smem = dq_out.smem
         if cutlass.const_expr(parts == 1):
             cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)

@@ -31,9 +31,7 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
 }
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     64: [dict(), dict(dq_split="columns"), dict(dq_split="keys"), dict(dq_split="keys", pingpong=True)],
-    # "keys" at head dim 128: its second dQ accumulator (64 registers) makes ptxas
-    # serialise the wgmmas (C7512), so it is no candidate there.
-    128: [dict(), dict(dq_split="columns")],
+    128: [dict(), dict(dq_split="columns"), dict(dq_split="keys"), dict(dq_split="keys", pingpong=True)],
     256: [dict(), dict(dq_split="columns")],
 }
 PEERS = ("sdpa-cudnn", "fa4")

@@ -89,7 +89,8 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 
 
 @pytest.mark.parametrize("split,head_dim,pingpong", (
-    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False), ("keys", 64, False), ("keys", 64, True),
+    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False),
+    ("keys", 64, False), ("keys", 64, True), ("keys", 128, False), ("keys", 128, True),
 ))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777)))

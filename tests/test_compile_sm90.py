@@ -102,7 +102,8 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
 
 
 @pytest.mark.parametrize("split,head_dim,pingpong", (
-    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False), ("keys", 64, False), ("keys", 64, True),
+    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False),
+    ("keys", 64, False), ("keys", 64, True), ("keys", 128, False), ("keys", 128, True),
 ))
 def test_dq_split_candidates_compile_clean(split, head_dim, pingpong):
     # A sweep candidate must meet the selector's bar before it is timed: pipelined wgmmas,
