@@ -25,26 +25,14 @@ _CONFIGS: dict[int, dict] = {
     256: dict(tile_m=64, tile_n=64, q_stages=1, do_stages=1, head_dim_split=True),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
-# Head dims whose gradients flash_attn_func computes. Head dim 256's kernel (the head-dim
-# split) builds for sm_90a but has not yet run on a GPU; until its GPU tests pass there,
-# autograd refuses it rather than hand out unverified gradients.
-AUTOGRAD_HEAD_DIMS = (64, 128)
-# The deterministic backward (turn counters) builds for sm_90a but has not yet run on a
-# GPU; autograd refuses it until its GPU tests pass there.
-AUTOGRAD_DETERMINISTIC = False
 
 
-def check_backward_supported(problem: AttentionProblem, deterministic: bool = False) -> None:
+def check_backward_supported(problem: AttentionProblem) -> None:
     """Raise, before any launch, for a problem whose gradients flash4 cannot compute."""
-    if problem.head_dim not in AUTOGRAD_HEAD_DIMS:
+    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
         raise NotImplementedError(
-            f"head_dim={problem.head_dim}: flash4's backward supports head dims {AUTOGRAD_HEAD_DIMS}; "
+            f"head_dim={problem.head_dim}: flash4's backward supports head dims {SUPPORTED_HEAD_DIMS}; "
             f"the forward alone runs under torch.no_grad() or with inputs that do not require grad"
-        )
-    if deterministic and not AUTOGRAD_DETERMINISTIC:
-        raise NotImplementedError(
-            "deterministic=True: the deterministic backward is not available yet (its kernels have not "
-            "passed their GPU tests); call with deterministic=False"
         )
 
 
@@ -110,8 +98,8 @@ def attention_backward(
     dq_turns = kv_turns = None
     if deterministic:
         turns = dict(dtype=torch.int32, device=q.device)
-        # One counter per query block, per column part when each warpgroup writes its own.
-        dq_counters = config.consumer_warpgroups if config.dq_split == "columns" else 1
+        # One counter per query block and column part (each warpgroup writes its own).
+        dq_counters = config.consumer_warpgroups
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)

@@ -55,11 +55,10 @@ def flash_attn_func(
     log-sum-exp of each row's scaled scores, (batch, heads, seqlen_q), natural log
     (-inf for a row that sees no key).
 
-    Differentiable with respect to q, k and v (head dims 64 and 128); the LSE is not.
-    ``deterministic`` makes the gradients bit-identical run to run (the backward's fp32
-    additions into dq, and into dk and dv under GQA/MQA, take turns in a fixed order); the
-    forward is deterministic either way. Not available yet under autograd: it raises
-    NotImplementedError until its kernels pass their GPU tests.
+    Differentiable with respect to q, k and v; the LSE is not. ``deterministic`` makes the
+    gradients bit-identical run to run (the backward's fp32 additions into dq, and into dk
+    and dv under GQA/MQA, take turns in a fixed order); the forward is deterministic either
+    way.
     """
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     if not isinstance(return_lse, bool):
@@ -67,7 +66,7 @@ def flash_attn_func(
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        check_backward_supported(problem, deterministic)
+        check_backward_supported(problem)
         return AttentionFunction.apply(q, k, v, problem, return_lse, deterministic, _launch)
     # empty_like is the cheapest allocation call torch offers (about 2 us against 5 us for
     # torch.empty with keyword arguments, on the H200's host).

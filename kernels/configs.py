@@ -20,8 +20,9 @@ BARRIER_BYTES = 1024
 FP32_BYTES = 4
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
-# Sm90BackwardConfig.dq_split's values.
-DQ_SPLITS = ("cta", "columns", "keys")
+# The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
+# their dQ GEMMs, so one may still read a block's tile while the other writes the next.
+BACKWARD_DS_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -111,19 +112,6 @@ class Sm90BackwardConfig:
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
     deterministic: bool = False
-    # How dQ leaves the CTA (the sweep's candidates besides "cta"):
-    # "cta": both warpgroups' dQ GEMMs meet at one barrier, then one TMA reduction per tile;
-    # "columns": each warpgroup writes out its own columns of dQ (its own barrier and
-    #   reduction), so the two need not meet after the dQ GEMM; dSᵀ (and Pᵀ) then take two
-    #   buffers, as one warpgroup may still read a block's while the other writes the next;
-    # "keys" (split by keys only): each warpgroup computes dQ from its own 64 keys, in
-    #   chunks of 64 columns, and adds a whole tile of partial sums, so the warpgroups never
-    #   wait for each other and one's softmax can overlap the other's GEMMs, at twice the
-    #   reduction traffic.
-    dq_split: str = "cta"
-    # With dq_split "keys": the warpgroups take turns to issue their Sᵀ and dPᵀ GEMMs, so
-    # one's GEMMs run while the other computes its P and dS (the forward's ping-pong).
-    pingpong: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -134,9 +122,8 @@ class Sm90BackwardConfig:
         the head dim is split; keys x queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
-        tiles_through_smem = (2 if self.head_dim_split else 1) * (2 if self.dq_split == "columns" else 1)
-        ds = tiles_through_smem * self.tile_n * self.tile_m * elem_bytes
-        dq = (BACKWARD_CONSUMER_WARPGROUPS if self.dq_split == "keys" else 1) * self.tile_m * self.head_dim * FP32_BYTES
+        ds = (2 if self.head_dim_split else 1) * BACKWARD_DS_STAGES * self.tile_n * self.tile_m * elem_bytes
+        dq = self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES
 
     def __post_init__(self) -> None:
@@ -156,9 +143,5 @@ class Sm90BackwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
-        if self.dq_split not in DQ_SPLITS or (self.dq_split == "keys" and self.head_dim_split):
-            raise ValueError(f"dq_split={self.dq_split!r}: one of {DQ_SPLITS}, and 'keys' only when the keys are split")
-        if self.pingpong and self.dq_split != "keys":
-            raise ValueError("pingpong=True needs dq_split='keys': elsewhere the warpgroups meet at every block anyway")
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -18,7 +18,8 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
 both warpgroups, so dSᵀ alone goes through shared memory; each warpgroup then computes
-half of dQ's columns.
+half of dQ's columns and adds them into the accumulator itself, so the two meet once per
+query block (when dSᵀ is written) and dSᵀ takes two buffers.
 
 At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per thread, so
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
@@ -49,10 +50,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.global_semaphore import pass_turn, wait_for_turn
-from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
+from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
+from .configs import BACKWARD_DS_STAGES, ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
@@ -60,12 +61,8 @@ from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, war
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
 ROW_TILE_ALIGN_BYTES = 128
-# dq_split "keys" runs each warpgroup's dQ GEMM in chunks of this many columns: the chunk's
-# accumulator (64 registers at 128 columns, 32 at 64) then fits beside dK and dV at head
-# dim 128, where the whole tile made ptxas serialise the wgmmas for want of registers.
-DQ_CHUNK_COLUMNS = 64
-# The consumer warp (of the CTA, or with a dq_split by warpgroup of each warpgroup) that issues
-# dQ's TMA reductions and waits for their reads. A whole warp: the reduction's copy elects
+# The warp of each consumer warpgroup that issues the TMA reductions of its dQ columns and
+# waits for their reads. A whole warp: the reduction's copy elects
 # one lane with ``elect.sync`` over all 32, which hangs when the other lanes are elsewhere.
 DQ_ISSUER_WARP = 0
 
@@ -119,8 +116,7 @@ class BackwardOperands:
     tdVrdO: cute.Tensor
     tdKrQ: cute.Tensor
     tdQrdS: cute.Tensor
-    # dQ's B operand, one per chunk of columns (one chunk but with dq_split "keys").
-    tdQrK: tuple
+    tdQrK: cute.Tensor
     st_shape: Any
     dq_shape: Any
     # Pᵀ and dSᵀ in the input dtype, the A operands of the dV and dK GEMMs: registers, or
@@ -176,14 +172,7 @@ class Sm90BackwardKernel:
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
         self.split = config.head_dim_split
-        self.dq_split = config.dq_split
-        # "columns": the warpgroups no longer meet after the dQ GEMM, so one may still read
-        # the dSᵀ (and Pᵀ) of a block while the other writes the next.
-        self.ds_stages = 2 if self.dq_split == "columns" else 1
-        # One part of dQ's way out per warpgroup ("columns", "keys") or one for the CTA.
-        self.dq_parts = 1 if self.dq_split == "cta" else config.consumer_warpgroups
-        # "keys": each warpgroup's dQ GEMM, chunk after chunk of columns.
-        self.dq_chunks = self.head_dim // DQ_CHUNK_COLUMNS if self.dq_split == "keys" else 1
+        self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
 
@@ -235,23 +224,18 @@ class Sm90BackwardKernel:
             self.dtype, self.dtype, major_k, major_mn, Float32, dkv_atoms, dkv_tile, a_source=dkv_a
         )
         # dQ: M = queries, N = head_dim split between the warpgroups, K = keys; dS read as
-        # (queries, keys) and K as (head_dim, keys), both from shared memory. "keys": one
-        # warpgroup's whole dQ tile from its own 64 keys (each warpgroup an instance).
-        dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
-        if cutlass.const_expr(self.dq_split == "keys"):
-            dq_atoms, dq_tile = (1, 1, 1), (rows, self.head_dim // self.dq_chunks)
+        # (queries, keys) and K as (head_dim, keys), both from shared memory.
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
+            self.dtype, self.dtype, major_mn, major_mn, Float32, (1, wgs, 1), (rows, self.head_dim // wgs)
         )
 
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.q_stages)
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
-        # dQ's fp32 tile: whole, one part per warpgroup of its columns ("columns"), or one
-        # whole tile of partial sums per warpgroup ("keys").
-        dq_part = (self.tile_m, self.head_dim // (2 if self.dq_split == "columns" else 1))
-        sdQ_layout = smem_tile_layout(Float32, *dq_part, self.dq_parts if self.dq_parts > 1 else None)
+        # dQ's fp32 tile, one part per warpgroup: its columns.
+        dq_part = (self.tile_m, self.head_dim // wgs)
+        sdQ_layout = smem_tile_layout(Float32, *dq_part, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -455,18 +439,13 @@ class Sm90BackwardKernel:
         masked_end = masked_block_end(
             n_block, m_begin, m_end, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
         )
-        pingpong = WarpgroupPingPong(ops.warpgroup_idx, self.config.consumer_warpgroups, THREADS_PER_WARPGROUP)
-        if cutlass.const_expr(self.config.pingpong):
-            # Both warpgroups walk the same query blocks, each passing the turn as often as
-            # it waits for it; warpgroup 0 goes first.
-            pingpong.start()
         for m_block in cutlass.range(m_begin, masked_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, pingpong, m_block, scale_log2, tidx,
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx,
                       True)
             q_state.advance()
             do_state.advance()
         for m_block in cutlass.range(masked_end, m_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, pingpong, m_block, scale_log2, tidx,
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, dq_out, block, m_block, scale_log2, tidx,
                       False)
             q_state.advance()
             do_state.advance()
@@ -484,20 +463,13 @@ class Sm90BackwardKernel:
         wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
-        # "keys": every warpgroup runs its own instance of the dQ GEMM.
-        dq_thread = tidx % THREADS_PER_WARPGROUP if self.dq_split == "keys" else tidx
-        wg_dq = tiled_mma_dq.get_slice(0 if self.dq_split == "keys" else wg_threads(warpgroup_idx))
+        wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
         # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
         # queries contiguous): the same swizzled bytes in another index order.
         sQt = cute.composition(sQ, cute.make_ordered_layout((d, tile_m, self.config.q_stages), order=(1, 0, 2)))
         sdOt = cute.composition(sdO, cute.make_ordered_layout((d, tile_m, self.config.do_stages), order=(1, 0, 2)))
         sKt = cute.composition(sK, cute.make_ordered_layout((d, tile_n), order=(1, 0)))
         sdSt = cute.composition(sdS, cute.make_ordered_layout((tile_m, tile_n, self.ds_stages), order=(1, 0, 2)))
-        if cutlass.const_expr(self.dq_split == "keys"):
-            # This warpgroup's 64 keys: its columns of dS, its rows of K.
-            rows = ROWS_PER_CONSUMER_WARPGROUP
-            sdSt = cute.local_tile(sdSt, (tile_m, rows, self.ds_stages), (0, warpgroup_idx, 0))
-            sKt = cute.local_tile(sKt, (d, rows), (0, warpgroup_idx))
         acc_dv = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dv.fill(0.0)
@@ -513,13 +485,9 @@ class Sm90BackwardKernel:
             tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
             tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
             tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
-            tdQrK=tuple(
-                wg_dq.make_fragment_B(wg_dq.partition_B(cute.local_tile(sKt, (d // self.dq_chunks, tile_n), (c, 0))))
-                if self.dq_chunks > 1 else wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
-                for c in range(self.dq_chunks)
-            ),
+            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
-            dq_shape=wg_dq.partition_shape_C((tile_m, d // self.dq_chunks)),
+            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
@@ -533,7 +501,7 @@ class Sm90BackwardKernel:
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
-            ).get_slice(dq_thread),
+            ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )
 
@@ -548,7 +516,6 @@ class Sm90BackwardKernel:
         rows: RowInputs,
         dq_out: DQReduction,
         block: KeyBlock,
-        pingpong: WarpgroupPingPong,
         m_block: Int32,
         scale_log2: Float32,
         tidx: Int32,
@@ -559,18 +526,11 @@ class Sm90BackwardKernel:
         columns = cute.size(c, mode=[1])
         ds_stage = m_block % self.ds_stages
         q_ring.consumer_wait(q_state)
-        if cutlass.const_expr(self.config.pingpong):
-            # Both tiles are in before the turn is taken, so the turn is not spent waiting.
-            do_ring.consumer_wait(do_state)
-            pingpong.wait_turn()
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
-        if cutlass.const_expr(not self.config.pingpong):
-            do_ring.consumer_wait(do_state)
+        do_ring.consumer_wait(do_state)
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
-        if cutlass.const_expr(self.config.pingpong):
-            pingpong.pass_turn()
 
         # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read from
         # shared memory where it is used: holding all of this thread's columns in registers
@@ -600,15 +560,12 @@ class Sm90BackwardKernel:
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
         # dSᵀ (and, head-dim split, Pᵀ) to shared memory: the dQ GEMM reads all keys of
-        # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. The previous block's
-        # GEMMs that read them are done in every warpgroup: each waited for its own before
-        # the DQ_TILE barrier that this thread has passed. Without that common barrier
-        # ("columns") two buffers take turns: the block before last, whose buffer this one
-        # reuses, is done in both warpgroups, as both passed the last DS_TILE barrier after
-        # it; and with "keys" each warpgroup only ever reads the rows it wrote. After the
-        # writes, the wgmma (async proxy) reads what stmatrix (generic proxy) wrote; the
-        # barrier also tells the threads that the TMA engine has read their previous dQ
-        # tile, before sdQ is written again.
+        # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. Two buffers take
+        # turns: the GEMMs of the block before last, whose buffer this one reuses, are done
+        # in both warpgroups, as each waited for its own before the last DS_TILE barrier.
+        # After the writes, the wgmma (async proxy) reads what stmatrix (generic proxy)
+        # wrote; the barrier also tells the threads that the TMA engine has read their
+        # warpgroup's previous dQ part, before sdQ is written again.
         if cutlass.const_expr(self.split):
             for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
                 packed = cute.make_rmem_tensor_like(acc, self.dtype)
@@ -624,13 +581,7 @@ class Sm90BackwardKernel:
         cute.arch.fence_view_async_shared()
         if self.issues_dq(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if cutlass.const_expr(self.dq_split == "keys"):
-            # Each warpgroup's dQ GEMM reads only the dSᵀ rows it wrote itself.
-            cute.arch.barrier(
-                barrier_id=int(NamedBarrier.DS_PART_0) + ops.warpgroup_idx, number_of_threads=THREADS_PER_WARPGROUP
-            )
-        else:
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
@@ -643,92 +594,54 @@ class Sm90BackwardKernel:
                 ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
                 False,
             )
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup.wait_group(2)
             q_ring.consumer_release(q_state)
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
             warpgroup.wait_group(0)
-            self.write_dq(ops, acc_dq, dq_out, 0)
-            self.publish_dq(ops, dq_out, block, m_block, tidx)
-        elif cutlass.const_expr(self.dq_chunks > 1):
-            # dQ's first chunk before dK, the next ones after; each is written to shared
-            # memory while the GEMM behind it runs.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
-            warpgroup.wait_group(1)
-            do_ring.consumer_release(do_state)
-            self.write_dq(ops, acc_dq, dq_out, 0)
-            for chunk in cutlass.range_constexpr(1, self.dq_chunks):
-                acc_chunk = cute.make_rmem_tensor(ops.dq_shape, Float32)
-                warpgroup_gemm(
-                    ops.tiled_mma_dq, acc_chunk, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[chunk], True
-                )
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(chunk == 1):
-                    q_ring.consumer_release(q_state)
-                self.write_dq(ops, acc_chunk, dq_out, chunk)
+            self.write_dq(ops, acc_dq, dq_out)
             self.publish_dq(ops, dq_out, block, m_block, tidx)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK[0], True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
-            self.write_dq(ops, acc_dq, dq_out, 0)
+            self.write_dq(ops, acc_dq, dq_out)
             self.publish_dq(ops, dq_out, block, m_block, tidx)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
 
     @cute.jit
-    def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction, chunk: int):
-        """This thread's dQ (or, "keys", its chunk ``chunk`` of columns) into shared memory:
-        the CTA's tile ("cta"), the warpgroup's columns of it ("columns"), or the
-        warpgroup's own tile of partial sums ("keys")."""
-        tile = dq_out.smem
-        if cutlass.const_expr(self.dq_split == "columns"):
-            tile = cute.group_modes(dq_out.smem, 1, 3)
-        if cutlass.const_expr(self.dq_split == "keys"):
-            tile = dq_out.smem[None, None, ops.warpgroup_idx]
-            if cutlass.const_expr(self.dq_chunks > 1):
-                tile = cute.local_tile(tile, (self.tile_m, self.head_dim // self.dq_chunks), (0, chunk))
+    def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction):
+        """This thread's dQ into its warpgroup's part (columns) of the shared-memory tile."""
+        tile = cute.group_modes(dq_out.smem, 1, 3)
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit
     def publish_dq(self, ops: BackwardOperands, dq_out: DQReduction, block: KeyBlock, m_block: Int32, tidx: Int32):
-        """TMA reductions add what write_dq wrote into the accumulator: one for the CTA
-        ("cta"), or one per warpgroup, each after its own barrier ("columns", "keys"). The
-        TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+        """A TMA reduction per warpgroup adds what write_dq wrote into the accumulator's
+        columns of that warpgroup, after the warpgroup's own barrier. The TMA engine
+        (async proxy) reads what the threads (generic proxy) wrote.
 
-        Deterministic: the contributions to a query block's accumulator go in a fixed order,
-        each waiting until the one before has landed, not only been read. The contributors
-        of a query block are key blocks 0, 1, ... (in "keys" each twice, warpgroup 0 then
-        1), so a turn counter per tile (per column part in "columns") reaches this one's
-        rank when it may go."""
-        parts, split = self.dq_parts, self.dq_split
+        Deterministic: the contributions to a query block's columns go in a fixed order,
+        each waiting until the one before has landed, not only been read. They come from key
+        blocks 0, 1, ..., so a turn counter per column part reaches this block's number when
+        it may go."""
+        part = ops.warpgroup_idx
+        parts = self.config.consumer_warpgroups
         cute.arch.fence_view_async_shared()
-        part = 0
-        part_smem = dq_out.smem
-        if cutlass.const_expr(parts == 1):
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_TILE), number_of_threads=self.consumer_threads)
-        else:
-            part = ops.warpgroup_idx
-            part_smem = dq_out.smem[None, None, part]
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
-        # Where this part lands in the accumulator (its column block), and its turn.
-        col_block, counter, rank = 0, m_block, block.n_block
-        if cutlass.const_expr(split == "columns"):
-            col_block, counter = part, m_block * parts + part
-        if cutlass.const_expr(split == "keys"):
-            rank = block.n_block * parts + part
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
         if self.issues_dq(tidx):
+            counter = m_block * parts + part
             lane = cute.arch.lane_idx()
             if cutlass.const_expr(dq_out.turns is not None):
                 if lane == 0:
-                    wait_for_turn(dq_out.turns.iterator + counter, rank)
-            part_tile = (self.tile_m, self.head_dim // (parts if split == "columns" else 1))
-            s_tile, g_tile = tma_tile(dq_out.atom, part_smem, dq_out.accum, part_tile, m_block, col_block)
+                    wait_for_turn(dq_out.turns.iterator + counter, block.n_block)
+            part_tile = (self.tile_m, self.head_dim // parts)
+            s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, m_block, part)
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(dq_out.turns is not None):
@@ -737,12 +650,9 @@ class Sm90BackwardKernel:
                     pass_turn(dq_out.turns.iterator + counter)
 
     def issues_dq(self, tidx: Int32):
-        """Whether this thread's warp issues dQ's TMA reductions: the CTA's, or its
-        warpgroup's part of them."""
+        """Whether this thread's warp issues its warpgroup's dQ TMA reductions."""
         warp = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
-        if cutlass.const_expr(self.dq_parts > 1):
-            warp = warp % (THREADS_PER_WARPGROUP // THREADS_PER_WARP)
-        return warp == DQ_ISSUER_WARP
+        return warp % (THREADS_PER_WARPGROUP // THREADS_PER_WARP) == DQ_ISSUER_WARP
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

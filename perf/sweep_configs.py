@@ -30,9 +30,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
     256: [dict(), dict(persistent=False), dict(persistent=True)],
 }
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(dq_split="columns"), dict(dq_split="keys"), dict(dq_split="keys", pingpong=True)],
-    128: [dict(), dict(dq_split="columns"), dict(dq_split="keys"), dict(dq_split="keys", pingpong=True)],
-    256: [dict(), dict(dq_split="columns")],
+    64: [dict()],
+    128: [dict()],
+    256: [dict()],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 

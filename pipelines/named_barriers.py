@@ -22,16 +22,9 @@ class NamedBarrier(enum.IntEnum):
     # Backward: every part of the consumer warpgroups' shared dSᵀ tile is written before
     # any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
     DS_TILE = 5
-    # Backward: every consumer thread's part of the fp32 dQ tile is in shared memory before
-    # the warp that issues its TMA reduction goes; passing it also means every warpgroup's
-    # dQ GEMM, the reader of dSᵀ, is done.
-    DQ_TILE = 6
-    # Backward with dQ split by warpgroup: warpgroup i's part of the dQ tile is in shared
-    # memory before its issuing warp goes (DQ_PART_0 + i, 128 threads; 7 and 8).
-    DQ_PART_0 = 7
-    # Backward with dQ split by keys: warpgroup i's rows of dSᵀ are written before its own
-    # dQ GEMM reads them (DS_PART_0 + i, 128 threads; 9 and 10).
-    DS_PART_0 = 9
+    # Backward: warpgroup i's part (columns) of the fp32 dQ tile is in shared memory before
+    # its issuing warp goes (DQ_PART_0 + i, 128 threads; 6 and 7).
+    DQ_PART_0 = 6
 
 
 class WarpgroupPingPong:

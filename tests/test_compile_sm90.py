@@ -9,6 +9,7 @@ import pytest
 
 from flash4.compiler import KEY_INSTRUCTIONS, compile_entry
 from flash4.dispatch import TABLE
+from flash4.pipelines.named_barriers import NamedBarrier
 from flash4.pipelines.warp_roles import register_budget
 
 SM90_ROWS = [row for row in TABLE if row.arch == "sm_90a"]
@@ -70,9 +71,15 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2
-    # dQ leaves by TMA reduction, one per 128-byte-wide column box of the fp32 tile (the
-    # widest box a 128-byte swizzle allows), in the masked and the mask-free loop.
-    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (head_dim * 4 // 128)
+    # dQ leaves by TMA reduction, each warpgroup its own half of the columns after its own
+    # 128-thread barrier, one reduction per 128-byte-wide column box (the widest box a
+    # 128-byte swizzle allows), in the masked and the mask-free loop (one instruction in the
+    # code for both warpgroups). The warpgroups meet once per block, at the 256-thread
+    # barrier before the dQ GEMM reads dSᵀ.
+    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (head_dim // 2 * 4 // 128)
+    assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)
+    epilogue = [] if grouped else [NamedBarrier.EPILOGUE] * 2
+    assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue]
     # Grouped: dK and dV are added in fp32 by every thread, two adjacent values per 8-byte
     # reduction; otherwise they leave by TMA store.
     reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
@@ -99,30 +106,3 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert ptx.count("red.release.gpu.global.add.s32") == turns
     assert ptx.count("ld.acquire.gpu") == 2 * turns  # the first read, and the spin
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
-
-
-@pytest.mark.parametrize("split,head_dim,pingpong", (
-    ("columns", 64, False), ("columns", 128, False), ("columns", 256, False),
-    ("keys", 64, False), ("keys", 64, True), ("keys", 128, False), ("keys", 128, True),
-))
-def test_dq_split_candidates_compile_clean(split, head_dim, pingpong):
-    # A sweep candidate must meet the selector's bar before it is timed: pipelined wgmmas,
-    # and dQ's way out in one part per warpgroup, each with its own 128-thread barrier:
-    # "columns" a warpgroup's half of the columns, "keys" its whole tile of partial sums,
-    # in 128-byte boxes, issued by one warp of each (one instruction in the code).
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    config = dataclasses.replace(backward_config(head_dim, True), dq_split=split, pingpong=pingpong)
-    report = compile_backward_report(config)
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    columns = head_dim // 2 if split == "columns" else head_dim
-    assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (columns * 4 // 128)
-    assert "bar.sync \t6, 256" not in report.ptx and re.search(r"bar\.sync\s+%r\d+, 128;", report.ptx)
-    # "keys": the warpgroups never meet inside the loop (no 256-thread dS barrier either).
-    assert ("bar.sync \t5, 256" in report.ptx) == (split != "keys")
-    # Ping-pong: each warpgroup waits for its turn (sync) and hands it on (arrive), 256
-    # threads each: the two warpgroups' turn barriers.
-    assert bool(re.search(r"bar\.arrive\s+%r\d+, 256;", report.ptx)) == pingpong
