@@ -95,7 +95,7 @@ def tma_misaligned(tensor: torch.Tensor) -> bool:
     return any(strides[i] % TMA_ALIGN_ELEMENTS and shape[i] > 1 for i in range(3))
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     k_shape = k.shape
     if k_shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k_shape)} and v {tuple(v.shape)}")
@@ -154,7 +154,7 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                 )
 
 
-def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
+def resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
     if softmax_scale is None:
         return default_softmax_scale(head_dim)
     # bool is a numbers.Real too, but True as a scale is surely a mistake.
@@ -192,10 +192,10 @@ def describe_attention(
     For compile-only paths, which build kernels from CPU tensors.
     """
     _check_tensors(q, k, v)
-    _check_shapes(q, k, v)
+    check_shapes(q, k, v)
     batch, seqlen_q, heads, head_dim = q.shape
     _, seqlen_k, kv_heads, _ = k.shape
-    scale = _resolve_softmax_scale(softmax_scale, head_dim)
+    scale = resolve_softmax_scale(softmax_scale, head_dim)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     return AttentionProblem(

@@ -102,6 +102,11 @@ def _kernel(entry: KernelEntry) -> Any:
 def _compile(entry: KernelEntry, *options: str, with_lse: bool = True) -> Any:
     import cutlass.cute as cute
 
+    if entry.config.fp8:
+        from flash4.dispatch import FP8_OUT_DTYPE
+
+        return compile_fp8_forward(entry.config, FP8_OUT_DTYPE, *options, with_lse=with_lse)
+
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(_kernel(entry), *_forward_arguments(entry, with_lse), options=flags)
 
@@ -115,6 +120,43 @@ def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[...,
     ``with_lse=False`` it takes ``None`` for lse and skips writing it.
     """
     return _compile(entry, with_lse=with_lse)
+
+
+# FP8 descales are read one float32 at a time.
+DESCALE_ALIGN_BYTES = 4
+
+
+def _fp8_forward_arguments(config: Any, out_dtype_name: str, with_lse: bool) -> tuple:
+    import cutlass
+    import cutlass.cute as cute
+
+    e4m3 = cutlass.Float8E4M3FN
+    batch, seqlen_q, seqlen_k, padded_k, heads, kv_heads, m_blocks, n_blocks = (cute.sym_int() for _ in range(8))
+    d = config.head_dim
+    q = _fake_tensor(e4m3, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
+    k = _fake_tensor(e4m3, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
+    # V transposed: (batch, kv_heads, head_dim, keys padded to whole key groups).
+    vt = _fake_tensor(e4m3, (batch, kv_heads, d, padded_k), TMA_ALIGN_BYTES)
+    o = _fake_tensor(_cutlass_dtype(out_dtype_name), (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
+    lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
+    q_descale = _fake_tensor(cutlass.Float32, (batch, heads, m_blocks), DESCALE_ALIGN_BYTES)
+    k_descale, v_descale = (_fake_tensor(cutlass.Float32, (batch, kv_heads, n_blocks), DESCALE_ALIGN_BYTES) for _ in range(2))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return q, k, vt, o, lse, q_descale, k_descale, v_descale, cutlass.Float32(1.0), cutlass.Int32(1), stream
+
+
+def compile_fp8_forward(config: Any, out_dtype_name: str, *options: str, with_lse: bool = True) -> Any:
+    """The FP8 forward kernel (kernels/sm90_fwd_fp8.py) for one ``Sm90ForwardConfig`` with
+    ``fp8=True``. Call it as ``fn(q, k, vt, out, lse, q_descale, k_descale, v_descale,
+    softmax_scale_log2, max_ctas)`` with torch tensors (see flash4.quantize for vt and the
+    descales)."""
+    import cutlass.cute as cute
+
+    from flash4.kernels.sm90_fwd_fp8 import Sm90Fp8ForwardKernel
+
+    kernel = Sm90Fp8ForwardKernel(config, _cutlass_dtype(out_dtype_name))
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(kernel, *_fp8_forward_arguments(config, out_dtype_name, with_lse), options=flags)
 
 
 # The dQ accumulator is written in 16-byte vectors.

@@ -17,6 +17,13 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 # Keys per KV block by head dim on sm_90: the widest block whose Q tile plus two-stage K/V
 # ring fits the 227 KiB of shared memory, and whose S accumulator fits the register budget.
 _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
+# The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
+FP8_DTYPE = "float8_e4m3fn"
+FP8_OUT_DTYPE = "bfloat16"
+# Keys per KV block of the FP8 kernel at every head dim: a multiple of its wgmma's k-step
+# (32), equal to the query tile so that Q, K and V share one descale block size, and at
+# head dim 256 still within shared memory (Q, O of its own, a two-stage K/V ring: 225 KiB).
+FP8_TILE_N = 128
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,22 @@ def _sm90_rows() -> Iterable[KernelEntry]:
                     )
 
 
-TABLE: tuple[KernelEntry, ...] = tuple(_sm90_rows())
+def _sm90_fp8_rows() -> Iterable[KernelEntry]:
+    """The FP8 forward [not yet run on a GPU; no sweep has chosen these]: the 16-bit
+    kernel's ping-pong and persistence choices per head dim, with FP8_TILE_N."""
+    for head_dim in _SM90_TILE_N:
+        for causal in (False, True):
+            config = Sm90ForwardConfig(
+                head_dim=head_dim, tile_n=FP8_TILE_N, causal=causal,
+                pingpong=head_dim != 256, persistent=head_dim != 256, fp8=True,
+            )
+            yield KernelEntry(
+                arch="sm_90a", dtype=FP8_DTYPE, head_dim=head_dim, causal=causal,
+                kernel="kernels.sm90_fwd_fp8.Sm90Fp8ForwardKernel", config=config,
+            )
+
+
+TABLE: tuple[KernelEntry, ...] = (*_sm90_rows(), *_sm90_fp8_rows())
 
 # (arch, dtype, head dim, causal) -> its rows, longest min_seqlen_q first: select() runs on
 # every call, so it is one dict lookup and a short scan.

@@ -114,6 +114,25 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     return Fp8Tensor((x / per_row).to(FP8_DTYPE), descale, block, hadamard)
 
 
+def fp8_value_layout(values: Tensor) -> Tensor:
+    """V's e4m3 values as the FP8 kernel reads them: (batch, kv_heads, head_dim, keys) with
+    the keys contiguous (FP8 wgmma reads its B operand K-major), padded with zeros to whole
+    groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
+    holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel."""
+    from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
+
+    if values.dim() != 4 or values.dtype != FP8_DTYPE:
+        raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
+    batch, seqlen, heads, head_dim = values.shape
+    group = len(FP8_PV_KEY_ORDER)
+    padded = -(-seqlen // group) * group
+    # Zero padding through uint8: the same bits, and pad works on it everywhere.
+    raw = torch.nn.functional.pad(values.view(torch.uint8), (0, 0, 0, 0, 0, padded - seqlen))
+    order = torch.tensor(FP8_PV_KEY_ORDER, device=values.device)
+    renamed = raw.view(batch, padded // group, group, heads, head_dim)[:, :, order]
+    return renamed.reshape(batch, padded, heads, head_dim).permute(0, 2, 3, 1).contiguous().view(FP8_DTYPE)
+
+
 def _descale(amax: Tensor) -> Tensor:
     """amax / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()

@@ -18,6 +18,8 @@ SM90_SMEM_BYTES = 227 * 1024
 BARRIER_BYTES = 1024
 # Accumulators, LSE and D are fp32.
 FP32_BYTES = 4
+# An FP8 wgmma's k-step: 32 one-byte elements, one 32-byte row of its operand core matrix.
+FP8_MMA_K = 32
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
@@ -43,6 +45,9 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
+    # e4m3 Q, K and V (V given transposed, keys contiguous: FP8 wgmma reads both operands
+    # K-major) with one descale per tile, and a 16-bit O (kernels/sm90_fwd_fp8.py).
+    fp8: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -54,18 +59,21 @@ class Sm90ForwardConfig:
 
         One tile per CTA: always, since Q is dead by then. Persistent: only when a buffer of
         its own does not fit (head dim 256); the next tile's Q load then waits until the
-        TMA engine has read this tile's O.
+        TMA engine has read this tile's O. FP8: never, as O is twice Q's size.
         """
+        if self.fp8:
+            return False
         return not self.persistent or self._smem_bytes(own_o_buffer=True) > SM90_SMEM_BYTES
 
-    def smem_bytes(self, elem_bytes: int = 2) -> int:
+    def smem_bytes(self) -> int:
         """Q tile, O tile (unless O is staged in Q's buffer), the K and V rings, barriers."""
-        return self._smem_bytes(not self.o_in_q_buffer, elem_bytes)
+        return self._smem_bytes(not self.o_in_q_buffer)
 
-    def _smem_bytes(self, own_o_buffer: bool, elem_bytes: int = 2) -> int:
-        q = self.tile_m * self.head_dim * elem_bytes
-        o = q if own_o_buffer else 0
-        kv = 2 * self.kv_stages * self.tile_n * self.head_dim * elem_bytes
+    def _smem_bytes(self, own_o_buffer: bool) -> int:
+        in_bytes = 1 if self.fp8 else 2
+        q = self.tile_m * self.head_dim * in_bytes
+        o = self.tile_m * self.head_dim * 2 if own_o_buffer else 0
+        kv = 2 * self.kv_stages * self.tile_n * self.head_dim * in_bytes
         return q + o + kv + BARRIER_BYTES
 
     def __post_init__(self) -> None:
@@ -77,6 +85,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.fp8 and self.tile_n % FP8_MMA_K:
+            raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(
                 f"{self}: needs {self.smem_bytes()} bytes of shared memory, "

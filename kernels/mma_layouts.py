@@ -57,3 +57,34 @@ def a_operand_as_acc(a: cute.Tensor, acc: cute.Tensor) -> cute.Tensor:
     ):
         raise ValueError(f"A fragment {a.layout} and accumulator {acc.layout} order their elements differently")
     return cute.make_tensor(a.iterator, compact)
+
+
+# FP8's register A operand holds, per thread, four consecutive k-indices per register
+# (4t..4t+3 and 16+4t..16+4t+3 of each 32-wide k-step, t = lane % 4), while the fp32
+# accumulator holds two adjacent columns per 8-column group (2t, 2t+1, 2t+8, 2t+9, ...).
+# Rather than move bytes between threads, flash4 renames the keys of each 32-key group:
+# position p of the A operand (and of V's rows in the second GEMM) is key
+# FP8_PV_KEY_ORDER[p], so every thread's accumulator values are already its A values.
+# V must then be stored with its keys in this order (flash4.quantize.fp8_value_layout).
+FP8_PV_KEY_ORDER = tuple(
+    16 * half + 2 * t + (0, 1, 8, 9)[q] for half in range(2) for t in range(4) for q in range(4)
+)
+
+
+def acc_as_fp8_a_operand(acc: cute.Tensor) -> cute.Tensor:
+    """View of an accumulator as the register A operand of an FP8 wgmma whose B operand
+    lists the keys in ``FP8_PV_KEY_ORDER``: ``(((2, 2), 2, 2), M_tiles, (N/32, N_tiles))``.
+
+    A's value (v0, v1, v2) of k-step kb is the accumulator's column pair element v0 % 2,
+    row v1, of 8-column group 4 kb + 2 v2 + v0 // 2: the two column pairs a thread holds
+    in groups 2 v2 and 2 v2 + 1 of the step fill one 4-byte register.
+    """
+    compact = cute.make_layout(acc.layout.shape)
+    (c2, r2, v), m, n = compact.shape
+    (sc, sr, sv), sm, sn = compact.stride
+    if v % 4:
+        raise ValueError(f"accumulator has {v} column groups of 8; an FP8 k-step needs 4")
+    view = cute.make_layout(
+        (((c2, 2), r2, 2), m, (v // 4, n)), stride=(((sc, sv), sr, 2 * sv), sm, (4 * sv, sn))
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))

@@ -13,7 +13,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from .mma_layouts import acc_rows_cols
 
@@ -30,11 +30,12 @@ class OnlineSoftmax:
 
     @cute.jit
     def update(
-        self, acc_s: cute.Tensor, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+        self, acc_s: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
     ) -> cute.Tensor:
-        """Turn scores into unnormalised probabilities in place; return each row's factor
-        ``exp2((m_old - m_new) * scale_log2)`` for rescaling O. Only a ``masked`` block can
-        leave a row with no finite score."""
+        """Turn the scores of key block ``n_block`` into unnormalised probabilities in place;
+        return each row's factor ``exp2((m_old - m_new) * scale_log2)`` for rescaling O.
+        Only a ``masked`` block can leave a row with no finite score. (The block's index
+        matters to the block-scaled softmax only.)"""
         s = acc_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
@@ -84,4 +85,81 @@ class OnlineSoftmax:
                 if empty
                 else self.row_max[r] * self.scale_log2 * math.log(2.0) + cute.math.log(total, fastmath=True)
             )
+        return inv_sum
+
+
+# e4m3's largest finite value: FP8 probabilities are scaled onto [0, E4M3_MAX].
+E4M3_MAX = 448.0
+
+
+class BlockScaledSoftmax(OnlineSoftmax):
+    """The online softmax of the FP8 forward, whose inputs carry one descale per tile.
+
+    Key block j's raw scores are Q8 K8ᵀ; times ``scale_log2`` (softmax scale, log2(e) and
+    the Q tile's descale) and k_descale[j] they are log2-domain scores, so the running max
+    ``m`` is kept in those units. P is rounded to e4m3 for the P V GEMM, scaled by
+    E4M3_MAX · v_descale[j] / v_ref, where v_ref is the largest V descale seen so far: P
+    then uses e4m3's range (above its subnormals) and V's descale is folded in for free,
+    through the exponent. When v_ref grows, O is rescaled with the max's factor. The row
+    sum adds each block's P divided by its scale, so it counts true probabilities;
+    ``finalize`` returns 1/l times v_ref / E4M3_MAX, the factor O needs.
+    """
+
+    def __init__(self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor):
+        super().__init__(scale_log2, rows)
+        self.k_descale = k_descale
+        self.v_descale = v_descale
+        self.v_ref = cute.make_rmem_tensor(1, Float32)
+
+    @cute.jit
+    def update(
+        self, acc_s: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+    ) -> cute.Tensor:
+        """``OnlineSoftmax.update`` for key block ``n_block``, with its descales; the
+        returned factors include v_ref's growth."""
+        s = acc_rows_cols(acc_s)
+        scale = self.scale_log2 * self.k_descale[n_block]
+        v_descale = self.v_descale[n_block]
+        v_old = self.v_ref[0]
+        v_new = v_descale
+        if cutlass.const_expr(not is_first):
+            v_new = cute.arch.fmax(v_old, v_descale)
+        self.v_ref[0] = v_new
+        p_scale = E4M3_MAX * v_descale / v_new
+        p_log2 = cute.math.log2(p_scale, fastmath=True)
+        inv_p_scale = cute.arch.rcp_approx(p_scale)
+        row_scale = cute.make_rmem_tensor(self.rows, Float32)
+        for r in cutlass.range_constexpr(self.rows):
+            row = s[r, None].load()
+            m_new = row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale
+            if cutlass.const_expr(not is_first):
+                m_new = cute.arch.fmax(m_new, self.row_max[r])
+            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=THREADS_PER_ROW)
+            m_old = self.row_max[r]
+            self.row_max[r] = m_new
+            m_safe = m_new
+            if cutlass.const_expr(masked):
+                m_safe = 0.0 if m_new == -Float32.inf else m_new
+            p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
+            s[r, None].store(p)
+            partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * inv_p_scale
+            if cutlass.const_expr(is_first):
+                row_scale[r] = 1.0
+                self.row_sum[r] = partial
+            else:
+                factor = cute.math.exp2(m_old - m_safe, fastmath=True)
+                row_scale[r] = factor * (v_old / v_new)
+                self.row_sum[r] = self.row_sum[r] * factor + partial
+        return row_scale
+
+    @cute.jit
+    def finalize(self, lse: cute.Tensor) -> cute.Tensor:
+        """``OnlineSoftmax.finalize``, with O's factor v_ref / E4M3_MAX folded into 1/l."""
+        inv_sum = cute.make_rmem_tensor(self.rows, Float32)
+        o_factor = self.v_ref[0] * (1.0 / E4M3_MAX)
+        for r in cutlass.range_constexpr(self.rows):
+            total = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=THREADS_PER_ROW)
+            empty = total == 0.0
+            inv_sum[r] = 0.0 if empty else cute.arch.rcp_approx(total) * o_factor
+            lse[r] = -Float32.inf if empty else self.row_max[r] * math.log(2.0) + cute.math.log(total, fastmath=True)
         return inv_sum

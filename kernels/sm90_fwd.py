@@ -116,11 +116,18 @@ class ConsumerOperands:
 
 
 class Sm90ForwardKernel:
-    """The forward kernel for one configuration and one 16-bit dtype."""
+    """The forward kernel for one configuration and one 16-bit dtype.
+
+    The FP8 kernel (sm90_fwd_fp8.py) is this one with other inputs: it overrides the
+    methods that place V, convert P and keep the softmax (``v_*``, ``store_p``,
+    ``make_softmax``) and passes the descales through ``launch``.
+    """
 
     def __init__(self, config: Sm90ForwardConfig, dtype: Type[cutlass.Numeric]):
         self.config = config
         self.dtype = dtype
+        # O's dtype (the FP8 kernel writes 16-bit O from e4m3 inputs).
+        self.out_dtype = dtype
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
         self.head_dim = config.head_dim
@@ -147,7 +154,27 @@ class Sm90ForwardKernel:
         max_ctas: Int32,  # persistent kernels launch at most this many CTAs (the SM count)
         stream: cuda.CUstream,
     ):
-        mQ, mK, mV, mO = (rows_first(t) for t in (mQ, mK, mV, mO))
+        self.launch(mQ, mK, mV, mO, mLSE, None, None, None, softmax_scale_log2, max_ctas, stream)
+
+    @cute.jit
+    def launch(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        # FP8: float32 descales, one per tile: (batch, heads, query blocks) for Q and
+        # (batch, kv_heads, key blocks) for K and V.
+        mQDescale: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
+        softmax_scale_log2: Float32,
+        max_ctas: Int32,
+        stream: cuda.CUstream,
+    ):
+        mQ, mK, mO = (rows_first(t) for t in (mQ, mK, mO))
+        mV = self.v_rows_first(mV)
         if cutlass.const_expr(mLSE is not None):
             mLSE = rows_first(mLSE)
 
@@ -157,17 +184,18 @@ class Sm90ForwardKernel:
             self.dtype, self.dtype, major_k, major_k, Float32,
             warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
         )
-        # V sits in shared memory as (keys, head_dim) with head_dim contiguous: for
-        # O = P V it is the B operand (N = head_dim, K = keys), N-major.
+        # O = P V: V is the B operand (N = head_dim, K = keys), N-major as it sits in
+        # shared memory (keys, head_dim) here; K-major where it arrives transposed.
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, major_mn, Float32,
+            self.dtype, self.dtype, major_k, self.v_major(), Float32,
             warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM,
         )
 
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
-        sV_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sV_layout = smem_tile_layout(self.dtype, *self.v_tile(), self.stages)
+        sO_layout = smem_tile_layout(self.out_dtype, self.tile_m, self.head_dim)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -177,23 +205,23 @@ class Sm90ForwardKernel:
             load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
         )
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
+            load, mV, cute.select(sV_layout, mode=[0, 1]), self.v_tile()
         )
-        # O goes out through Q's buffer, in Q's layout (see the epilogue).
+        # O goes out through shared memory (Q's buffer or its own, see the epilogue).
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.head_dim)
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim)
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
         grid = self.scheduler(mQ).grid(max_ctas)
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             softmax_scale_log2,
-            sQ_layout, sK_layout, sV_layout,
+            sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv,
-            self.shared_storage(sQ_layout, sK_layout, sV_layout),
+            self.shared_storage(sQ_layout, sK_layout, sV_layout, sO_layout),
         ).launch(
             grid=grid,
             block=[self.budget.threads, 1, 1],
@@ -201,12 +229,12 @@ class Sm90ForwardKernel:
             min_blocks_per_mp=1,
         )
 
-    def shared_storage(self, sQ_layout, sK_layout, sV_layout) -> Type:
+    def shared_storage(self, sQ_layout, sK_layout, sV_layout, sO_layout) -> Type:
         """The kernel's shared memory: ring barriers, then Q, K, V (and O when persistent)."""
         q_elems = cute.cosize(sQ_layout)
 
-        def buffer(elems: int):
-            return cute.struct.Align[cute.struct.MemRange[self.dtype, elems], SMEM_ALIGN_BYTES]
+        def buffer(elems: int, dtype=self.dtype):
+            return cute.struct.Align[cute.struct.MemRange[dtype, elems], SMEM_ALIGN_BYTES]
 
         # Fields in address order; built as a dict because this module's annotations are
         # strings (``from __future__ import annotations``) and cute.struct needs the types.
@@ -219,7 +247,7 @@ class Sm90ForwardKernel:
             "sV": buffer(cute.cosize(sV_layout)),
         }
         if not self.config.o_in_q_buffer:
-            fields["sO"] = buffer(q_elems)
+            fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
@@ -242,6 +270,9 @@ class Sm90ForwardKernel:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: Optional[cute.Tensor],
+        mQDescale: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -250,6 +281,7 @@ class Sm90ForwardKernel:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
@@ -278,7 +310,7 @@ class Sm90ForwardKernel:
         # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
         sO = rings.sQ
         if cutlass.const_expr(not self.config.o_in_q_buffer):
-            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         finish_init()
 
         scheduler = self.scheduler(mQ)
@@ -291,8 +323,8 @@ class Sm90ForwardKernel:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
-                tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, tma_atom_O, scheduler,
-                mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
+                tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, (mQDescale, mKDescale, mVDescale),
+                tma_atom_O, scheduler, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
 
     @cute.jit
@@ -329,6 +361,7 @@ class Sm90ForwardKernel:
         sO: cute.Tensor,
         mO: cute.Tensor,
         mLSE: Optional[cute.Tensor],
+        descales: tuple,
         tma_atom_O: cute.CopyAtom,
         scheduler: TileScheduler,
         seqlen_q: Int32,
@@ -354,9 +387,8 @@ class Sm90ForwardKernel:
                 # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
                 lse.fill(-Float32.inf)
                 if tile.n_block_max > 0:
-                    q_state, kv_state = self.mainloop(
-                        ops, rings, tile, lse, softmax_scale_log2, pingpong, q_state, kv_state
-                    )
+                    softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
+                    q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
                 elif cutlass.const_expr(self.q_freed_by_store):
                     rings.q.consumer_wait(q_state)
                 self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
@@ -369,6 +401,30 @@ class Sm90ForwardKernel:
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ------------------------------------------------------------------ inputs
+    # How V is laid out and the softmax kept: 16-bit V as it comes, (keys, head_dim); the
+    # FP8 kernel overrides these.
+    def v_rows_first(self, mV: cute.Tensor) -> cute.Tensor:
+        return rows_first(mV)
+
+    def v_major(self) -> cute.nvgpu.OperandMajorMode:
+        return cute.nvgpu.OperandMajorMode.MN
+
+    def v_tile(self) -> tuple[int, int]:
+        """The shape of one V block in shared memory."""
+        return self.tile_n, self.head_dim
+
+    def v_operand(self, sV: cute.Tensor) -> cute.Tensor:
+        """The V ring as the B operand of O = P V: (head_dim, keys, stage)."""
+        return cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)))
+
+    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor):
+        """TMA partitions of the V ring and of one head's V blocks (the last mode)."""
+        return tma_tile(atom, sV, mV, self.v_tile(), None)
+
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> OnlineSoftmax:
+        return OnlineSoftmax(softmax_scale_log2, rows)
 
     # ------------------------------------------------------------------ key ranges
     @cute.jit
@@ -406,7 +462,7 @@ class Sm90ForwardKernel:
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
         kv_tile = (self.tile_n, self.head_dim)
         tKsK, tKgK = tma_tile(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], kv_tile, None)
-        tVsV, tVgV = tma_tile(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], kv_tile, None)
+        tVsV, tVgV = self.v_tiles(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch])
         k_ring, v_ring = rings.k, rings.v
 
         # K of the first block goes out before Q: both are needed for the first GEMM, and
@@ -459,11 +515,7 @@ class Sm90ForwardKernel:
         wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
         wg_mma_pv = tiled_mma_pv.get_slice(wg_threads(warpgroup_idx))
-        # V^T view (head_dim, keys, stage) of the V ring, the B operand of O = P V.
-        sVt = cute.composition(
-            rings.sV,
-            cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)),
-        )
+        sVt = self.v_operand(rings.sV)
         acc_o = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         # O starts at zero so every P V GEMM accumulates; one fill per tile is cheaper than
         # tracking which GEMM is the first.
@@ -493,14 +545,13 @@ class Sm90ForwardKernel:
         rings: Rings,
         tile: Tile,
         lse: cute.Tensor,
-        softmax_scale_log2: Float32,
+        softmax: OnlineSoftmax,
         pingpong: WarpgroupPingPong,
         q_state,
         state,
     ):
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
         Returns the Q and K/V rings' states for the next tile."""
-        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(lse))
         rings.q.consumer_wait(q_state)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
@@ -511,7 +562,7 @@ class Sm90ForwardKernel:
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
-        softmax.update(acc_s, is_first=True, masked=True)
+        softmax.update(acc_s, n_block, is_first=True, masked=True)
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
@@ -565,7 +616,7 @@ class Sm90ForwardKernel:
         rings.k.consumer_release(state)
         if cutlass.const_expr(masked):
             self.mask(acc_s, ops, tile, n_block)
-        row_scale = softmax.update(acc_s, is_first=False, masked=masked)
+        row_scale = softmax.update(acc_s, n_block, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
         softmax.rescale(ops.acc_o, row_scale)
@@ -597,15 +648,15 @@ class Sm90ForwardKernel:
         tile: Tile,
         tidx: Int32,
     ):
-        o = cute.make_rmem_tensor_like(ops.acc_o, self.dtype)
-        o.store(ops.acc_o.load().to(self.dtype))
+        o = cute.make_rmem_tensor_like(ops.acc_o, self.out_dtype)
+        o.store(ops.acc_o.load().to(self.out_dtype))
         if cutlass.const_expr(not self.config.o_in_q_buffer):
             # sO may still be read by the TMA store of this CTA's previous tile.
             if tidx == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         # stmatrix: each warp writes 8x8 tiles of 16-bit values straight from mma fragments.
-        store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
+        store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.out_dtype, Float32)
         thr_store = cute.make_tiled_copy_C(store_atom, ops.tiled_mma_pv).get_slice(tidx)
         cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO))
 

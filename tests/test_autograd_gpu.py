@@ -6,10 +6,9 @@ training run against torch SDPA from the same seed.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from gpu_helpers import poison_allocator
 
 import flash4
 from flash4 import reference
@@ -29,16 +28,6 @@ def _leaves(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, seed):
     return tuple(torch.randn(s, device="cuda", dtype=dtype, generator=g).requires_grad_(True) for s in shapes)
 
 
-def _poison_allocator() -> None:
-    """Fill blocks of the caching allocator with NaN and hand them back: tensors the backward
-    allocates next (its gradients among them) start as NaN unless every element is written.
-    Both of its pools: one large block, and small (<= 1 MiB) ones, which come from a pool
-    of their own."""
-    blocks = [torch.full((1 << 26,), math.nan, device="cuda")]
-    blocks += [torch.full((1 << 18,), math.nan, device="cuda") for _ in range(64)]
-    del blocks
-
-
 def _check_grads(q, k, v, dout, causal, grads):
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out_ref, lse_ref = reference.attention(qd, kd, vd, causal=causal)
@@ -54,7 +43,7 @@ def _check_grads(q, k, v, dout, causal, grads):
 def _backward_and_check(q, k, v, out, causal):
     """Gradients of ``out`` for a fresh random dout, from a NaN-poisoned allocator."""
     dout = torch.randn_like(out)
-    _poison_allocator()
+    poison_allocator()
     _check_grads(q, k, v, dout, causal, torch.autograd.grad(out, (q, k, v), dout))
 
 

@@ -1,0 +1,92 @@
+"""Hopper (sm_90a) FP8 forward attention: e4m3 Q, K, V with one descale per tile, 16-bit O.
+
+The forward kernel of sm90_fwd.py with other inputs; its pipelines, scheduling, masks and
+epilogue are the same. What changes:
+
+- Both GEMMs are FP8 wgmmas, which read both operands K-major. For S = Q Kᵀ that is how
+  Q and K sit (head_dim contiguous). For O = P V the k-dimension is the keys, so V comes
+  transposed, (batch, kv_heads, head_dim, keys) with keys contiguous, as
+  ``flash4.quantize.fp8_value_layout`` writes it; no transpose runs in the kernel.
+- P goes from the S accumulator to the A operand of the second GEMM without leaving its
+  thread: the keys of each 32-key group are renamed (``FP8_PV_KEY_ORDER``) so that the
+  values a thread holds are its A values, and V's keys are stored in that order.
+- Descales: the Q tile's and key block j's K descale multiply the softmax scale; block j's
+  V descale is folded into P's scale onto e4m3's range (``BlockScaledSoftmax``).
+"""
+
+from __future__ import annotations
+
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .configs import Sm90ForwardConfig
+from .mma_layouts import acc_as_fp8_a_operand
+from .online_softmax import BlockScaledSoftmax
+from .packed_convert import convert_packed
+from .sm90_fwd import Sm90ForwardKernel, Tile
+from .wgmma import tma_tile
+
+
+class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
+    """The FP8 forward kernel for one configuration, writing O in ``out_dtype``."""
+
+    def __init__(self, config: Sm90ForwardConfig, out_dtype: Type[cutlass.Numeric]):
+        if not config.fp8:
+            raise ValueError(f"{config}: the FP8 kernel needs a configuration with fp8=True")
+        super().__init__(config, cutlass.Float8E4M3FN)
+        self.out_dtype = out_dtype
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), e4m3
+        mK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim), e4m3
+        mVt: cute.Tensor,  # (batch, kv_heads, head_dim, padded seqlen_k), e4m3, keys renamed
+        mO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), out_dtype
+        mLSE: cute.Tensor,  # (batch, heads, seqlen_q), float32, or None
+        mQDescale: cute.Tensor,  # (batch, heads, query blocks), float32
+        mKDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32
+        mVDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32
+        softmax_scale_log2: Float32,
+        max_ctas: Int32,
+        stream: cuda.CUstream,
+    ):
+        self.launch(mQ, mK, mVt, mO, mLSE, mQDescale, mKDescale, mVDescale, softmax_scale_log2, max_ctas, stream)
+
+    # V arrives transposed: rows are head-dim columns, keys contiguous.
+    def v_rows_first(self, mV: cute.Tensor) -> cute.Tensor:
+        """(batch, kv_heads, head_dim, keys) viewed as (head_dim, keys, kv_heads, batch)."""
+        return cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[2, 3, 1, 0]))
+
+    def v_major(self) -> cute.nvgpu.OperandMajorMode:
+        return cute.nvgpu.OperandMajorMode.K
+
+    def v_tile(self) -> tuple[int, int]:
+        return self.head_dim, self.tile_n
+
+    def v_operand(self, sV: cute.Tensor) -> cute.Tensor:
+        return sV
+
+    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor):
+        # One row of tiles (all of head_dim); the key blocks are the last mode.
+        return tma_tile(atom, sV, mV, self.v_tile(), 0, None)
+
+    @cute.jit
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> BlockScaledSoftmax:
+        q_descale, k_descale, v_descale = descales
+        kv_head = tile.head // (q_descale.shape[1] // k_descale.shape[1])
+        return BlockScaledSoftmax(
+            softmax_scale_log2 * q_descale[tile.batch, tile.head, tile.m_block],
+            rows,
+            k_descale[tile.batch, kv_head, None],
+            v_descale[tile.batch, kv_head, None],
+        )
+
+    @cute.jit
+    def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
+        """P (already scaled onto e4m3's range) into the FP8 A operand, four per register."""
+        convert_packed(acc_as_fp8_a_operand(acc_s), p)

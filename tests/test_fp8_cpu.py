@@ -1,0 +1,157 @@
+"""The FP8 forward's host side and build, on CPU: V's layout for the kernel, the key order
+that lets P stay in its thread (checked against the wgmma layouts themselves), argument
+checks, the selector's FP8 rows and their PTX."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from flash4 import dispatch
+from flash4.fp8 import FP8_BLOCK, check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, tile_descales
+from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
+from flash4.kernels.online_softmax import E4M3_MAX
+from flash4.quantize import FP8_MAX, fp8_value_layout, quantize_fp8
+
+FP8_ROWS = [row for row in dispatch.TABLE if row.dtype == dispatch.FP8_DTYPE]
+
+
+def test_key_order_is_a_permutation_of_each_group_and_e4m3_max_agrees():
+    assert sorted(FP8_PV_KEY_ORDER) == list(range(32)) and FP8_PV_KEY_ORDER != tuple(range(32))
+    assert E4M3_MAX == FP8_MAX
+
+
+@pytest.mark.parametrize("seqlen", (1, 17, 32, 100))
+def test_value_layout_transposes_renames_and_pads(seqlen):
+    v = quantize_fp8(torch.randn(2, seqlen, 3, 16)).values
+    vt = fp8_value_layout(v)
+    padded = -(-seqlen // 32) * 32
+    assert vt.dtype == torch.float8_e4m3fn and vt.shape == (2, 3, 16, padded) and vt.is_contiguous()
+    rows = v.float().permute(0, 2, 3, 1)  # (batch, heads, head_dim, keys)
+    for position in range(padded):
+        key = 32 * (position // 32) + FP8_PV_KEY_ORDER[position % 32]
+        want = rows[..., key] if key < seqlen else torch.zeros_like(rows[..., 0])
+        assert torch.equal(vt[..., position].float(), want), f"position {position} should hold key {key}"
+
+
+# The loops below run at trace time on purpose: they read layouts, nothing is compiled from them.
+@pytest.mark.filterwarnings("ignore:This static loop")
+def test_key_order_matches_the_wgmma_layouts():
+    # For every thread: element i of the accumulator's FP8 A view sits at (row, key) of S;
+    # element i of the FP8 A fragment is (row, position) of P. The view is right when the
+    # rows agree and the key is the one FP8_PV_KEY_ORDER puts at that position.
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+
+    from flash4.kernels.mma_layouts import acc_as_fp8_a_operand
+
+    keys = 128
+    pairs = []
+
+    @cute.jit
+    def collect():
+        major_k = cute.nvgpu.OperandMajorMode.K
+        e4m3 = cutlass.Float8E4M3FN
+        qk = sm90_utils.make_trivial_tiled_mma(e4m3, e4m3, major_k, major_k, cutlass.Float32, (1, 1, 1), (64, keys))
+        pv = sm90_utils.make_trivial_tiled_mma(
+            e4m3, e4m3, major_k, major_k, cutlass.Float32, (1, 1, 1), (64, 64), a_source=warpgroup.OperandSource.RMEM
+        )
+        coords = cute.make_identity_tensor((64, keys))
+        for t in cutlass.range_constexpr(128):
+            view = acc_as_fp8_a_operand(qk.get_slice(t).partition_C(coords))
+            a = pv.get_slice(t).partition_A(coords)
+            for i in cutlass.range_constexpr(cute.size(a)):
+                pairs.append((view[i], a[i]))
+
+    cute.compile(collect, options="--gpu-arch=sm_90a")
+    assert len(pairs) == 64 * keys
+    wrong = [(s, p) for s, p in pairs if s[0] != p[0] or s[1] != 32 * (p[1] // 32) + FP8_PV_KEY_ORDER[p[1] % 32]]
+    assert not wrong, f"{len(wrong)} elements land elsewhere, e.g. {wrong[:3]}"
+    assert len({p for _, p in pairs}) == 64 * keys  # each (row, position) once
+
+
+def test_tile_descales_repeat_a_per_tensor_descale():
+    q = quantize_fp8(torch.randn(2, 300, 3, 64), None)
+    d = tile_descales(q, 2, 3, 3)
+    assert d.shape == (2, 3, 3) and d.is_contiguous() and torch.equal(d, q.descale.expand(2, 3, 3))
+    blockwise = quantize_fp8(torch.randn(2, 300, 3, 64), FP8_BLOCK)
+    assert tile_descales(blockwise, 2, 3, 3) is blockwise.descale
+
+
+def _quantized(seqlen_q=10, seqlen_k=12, heads=4, kv_heads=2, head_dim=64):
+    return (
+        quantize_fp8(torch.randn(1, seqlen_q, heads, head_dim), FP8_BLOCK),
+        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), FP8_BLOCK),
+        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), FP8_BLOCK),
+    )
+
+
+def test_fp8_checks_name_the_argument():
+    q, k, v = _quantized()
+    with pytest.raises(TypeError, match=r"^q must be a flash4.Fp8Tensor"):
+        check_fp8_args(q.values, k, v, None, False)
+    with pytest.raises(ValueError, match=r"^k.block is 64: .*block=128"):
+        check_fp8_args(q, quantize_fp8(torch.randn(1, 12, 2, 64), 64), v, None, False)
+    with pytest.raises(ValueError, match=r"^v.values must be a 4-D torch.float8_e4m3fn"):
+        check_fp8_args(q, k, v._replace(values=v.values.float()), None, False)
+    with pytest.raises(ValueError, match=r"^q.descale must be a contiguous float32 tensor of shape \(1, 4, 1\)"):
+        check_fp8_args(q._replace(descale=q.descale[..., :0]), k, v, None, False)
+    with pytest.raises(ValueError, match=r"^q and k must both be rotated"):
+        check_fp8_args(q._replace(hadamard=True), k, v, None, False)
+    with pytest.raises(ValueError, match=r"^v must not be rotated"):
+        check_fp8_args(q, k, v._replace(hadamard=True), None, False)
+    with pytest.raises(ValueError, match=r"^k and v must have the same shape"):
+        check_fp8_args(q, k, _quantized(seqlen_k=13)[2], None, False)
+    with pytest.raises(ValueError, match=r"softmax_scale must be a positive finite float"):
+        check_fp8_args(q, k, v, -1.0, False)
+    with pytest.raises(TypeError, match=r"^causal must be a bool"):
+        check_fp8_args(q, k, v, None, 1)
+    # Everything but the device is right: CPU tensors fail only there.
+    with pytest.raises(ValueError, match=r"CUDA"):
+        check_fp8_args(q, k, v, None, False)
+    with pytest.raises(TypeError, match=r"^return_lse must be a bool"):
+        flash_attn_fp8_quantized(q, k, v, return_lse=1)
+
+
+def test_flash_attn_fp8_checks_before_quantizing():
+    x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"^hadamard must be a bool"):
+        flash_attn_fp8(x, x, x, hadamard=1)
+    with pytest.raises(TypeError, match=r"^q has dtype float32"):
+        flash_attn_fp8(x.float(), x, x)
+
+
+def test_selector_has_an_fp8_row_per_case_with_one_descale_block():
+    assert {(r.head_dim, r.causal) for r in FP8_ROWS} == {(d, c) for d in (64, 128, 256) for c in (False, True)}
+    for row in FP8_ROWS:
+        assert row.config.fp8 and row.config.tile_m == row.config.tile_n == FP8_BLOCK
+        assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, 5000) == row
+
+
+@pytest.mark.parametrize("entry", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}" for r in FP8_ROWS])
+def test_fp8_kernel_builds_fp8_gemms_and_converts_p_in_registers(entry):
+    from flash4.compiler import compile_entry
+
+    report = compile_entry(entry, arch="sm_90a")
+    config = entry.config
+    ptx = report.ptx
+    gemms = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)\.f32\.e4m3\.e4m3", ptx)
+    # S: head_dim / 32 k-steps, N = tile_n; P V: tile_n / 32, N = head_dim. S of the first
+    # block, S and P V in the masked and the unmasked loop, P V of the last block.
+    s_steps, pv_steps = config.head_dim // 32, config.tile_n // 32
+    expected = Counter({f"m64n{config.tile_n}k32": 3 * s_steps}) + Counter({f"m64n{config.head_dim}k32": 3 * pv_steps})
+    assert Counter(gemms) == expected and len(gemms) == ptx.count("wgmma.mma_async")
+    # P: four e4m3 per register, two conversions per register, where a block's P is made
+    # (the first block, and both loops): no shuffles, no shared memory.
+    per_block = 64 * config.tile_n // 128 // 2
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 3 * per_block
+    # The only butterfly shuffles are the quad reductions (2 steps over 4 threads) of each
+    # thread's 2 rows: the max where a block's P is made, and the sum once at the end.
+    assert ptx.count("shfl.sync.bfly") == 2 * 2 * (3 + 1)
+    # V arrives transposed by TMA (no transpose in the kernel): K-major B operand.
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0

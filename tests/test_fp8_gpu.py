@@ -1,0 +1,94 @@
+"""The FP8 forward kernel on the GPU, against the float64 attention of its dequantized inputs.
+
+FP8 is judged by RMSE (DESIGN.md). What the kernel cannot avoid is rounding P to e4m3 for
+its second GEMM, and its output to bf16: reference.fp8_attention does exactly that (in
+float64, with one scale per row where the kernel scales per key block, which errs alike).
+The kernel's RMSE may exceed that model's by a quarter, plus half a bf16 step of the
+output's size; a wrong key order, descale or mask errs far more. The LSE does not see P's
+rounding: it must match to 1e-3. Outputs come from a NaN-poisoned allocator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gpu_helpers import poison_allocator
+
+import flash4
+from flash4 import reference
+from flash4.fp8 import FP8_BLOCK
+
+pytestmark = pytest.mark.gpu
+
+# Slack on the model's RMSE (see the module docstring): the kernel scales P per key block
+# against a running max, the model per row against the final one.
+RMSE_SLACK = 1.25
+# Half a step of bf16 (8 significant bits), relative to the output's RMS.
+BF16_HALF_STEP = 2.0**-9
+LSE_TOLERANCE = 1e-3
+SEQLENS = ((1, 1), (17, 17), (1000, 1000), (1, 1000), (17, 1000), (1000, 17), (333, 777), (4096, 4096))
+
+
+def _rms(x: torch.Tensor) -> float:
+    return x.double().pow(2).mean().sqrt().item()
+
+
+def _check(q8, k8, v8, causal, out, lse):
+    qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
+    exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
+    model = reference.fp8_attention(q8, k8, v8, causal=causal).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
+    bound = RMSE_SLACK * _rms(model - exact) + BF16_HALF_STEP * _rms(exact)
+    assert _rms(out - exact) <= bound, f"RMSE {_rms(out - exact):.3g} > {bound:.3g} (model {_rms(model - exact):.3g})"
+    empty = lse_exact == -math.inf
+    assert torch.equal(lse == -math.inf, empty), "rows without keys must have LSE = -inf, only those"
+    if (~empty).any():
+        err = (lse[~empty].double() - lse_exact[~empty]).abs().max().item()
+        assert err <= LSE_TOLERANCE, f"LSE error {err:.3g}"
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (8, 2), (4, 1)), ids=("mha", "gqa", "mqa"))
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads, hadamard):
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q * 31 + seqlen_k + head_dim)
+    q, k, v = (
+        torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
+    )
+    q8, k8 = (flash4.quantize_fp8(t, FP8_BLOCK, hadamard) for t in (q, k))
+    v8 = flash4.quantize_fp8(v, FP8_BLOCK)
+    poison_allocator()
+    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    _check(q8, k8, v8, causal, out, lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("blocks", ("q", "k", "v", "none"))
+def test_per_tensor_descales(head_dim, blocks):
+    # One tensor per tensor-scaled at a time (or all of them): each descale path alone.
+    q, k, v = (torch.randn(1, 700, 4, head_dim, device="cuda") * scale for scale in (1.0, 3.0, 0.2))
+    q8, k8, v8 = (
+        flash4.quantize_fp8(t, None if blocks in (name, "none") else FP8_BLOCK)
+        for name, t in (("q", q), ("k", k), ("v", v))
+    )
+    poison_allocator()
+    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, return_lse=True)
+    torch.cuda.synchronize()
+    _check(q8, k8, v8, False, out, lse)
+
+
+def test_flash_attn_fp8_quantizes_and_runs():
+    q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True)
+    exact, _ = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
+    # Against the unquantized inputs the error is e4m3's input rounding, far below the output's size.
+    assert _rms(out - exact) <= 0.05 * _rms(exact)
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match=r"^flash_attn_fp8 is forward only"):
+        flash4.flash_attn_fp8(q, k, v)
