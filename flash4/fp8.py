@@ -1,8 +1,9 @@
 """FP8 (e4m3) attention on Hopper: blockwise-quantized Q, K, V through the FP8 forward kernel
 (kernels/sm90_fwd_fp8.py), bf16 out. Forward only.
 
-``flash_attn_fp8(q, k, v)`` takes 16-bit tensors, quantizes them (one descale per 128 rows
-of each head, optionally after the Hadamard rotation of Q and K) and runs the kernel.
+``flash_attn_fp8(q, k, v)`` takes 16-bit tensors, quantizes them (Q and K with one descale
+per 128 rows of each head, optionally after the Hadamard rotation; V with one per tensor)
+and runs the kernel.
 ``flash_attn_fp8_quantized`` takes what ``flash4.quantize_fp8`` returned, blockwise
 (``block=FP8_BLOCK``) or per tensor (``block=None``).
 """
@@ -33,9 +34,14 @@ def flash_attn_fp8(
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of bf16/fp16 q, k, v (as ``flash_attn_func`` takes them) computed in FP8:
-    each is quantized to e4m3 with one descale per 128 rows of a head (Q and K rotated first
-    when ``hadamard``), then the FP8 kernel runs. Returns bf16 ``out`` (and float32 ``lse``).
-    Not differentiable."""
+    Q and K are quantized to e4m3 with one descale per 128 rows of a head (rotated first
+    when ``hadamard``), V with one descale for the tensor, then the FP8 kernel runs. Returns
+    bf16 ``out`` (and float32 ``lse``). Not differentiable.
+
+    V per tensor: the kernel folds a V block's descale into P's scale relative to the
+    largest so far, so blocks with smaller descales round P more coarsely; on
+    FlashAttention-3's outlier inputs the kernel's algorithm (reference.fp8_blockwise_
+    attention) erred 7-18% more with V per block than per tensor."""
     from flash4.checks import check_attention_args
 
     if not isinstance(hadamard, bool):
@@ -48,7 +54,7 @@ def flash_attn_fp8(
     return flash_attn_fp8_quantized(
         quantize_fp8(q, FP8_BLOCK, hadamard),
         quantize_fp8(k, FP8_BLOCK, hadamard),
-        quantize_fp8(v, FP8_BLOCK),
+        quantize_fp8(v, None),
         problem.softmax_scale,
         causal,
         return_lse,

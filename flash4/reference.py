@@ -349,3 +349,74 @@ def fp8_attention(
     row_sum = p.sum(dim=-1, keepdim=True)
     p_fp8 = (p * FP8_MAX).to(FP8_DTYPE).double() / FP8_MAX
     return _probs_times_v(torch.where(row_has_key, p_fp8 / torch.where(row_has_key, row_sum, 1.0), 0.0), vd)
+
+
+def fp8_blockwise_attention(
+    q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor, softmax_scale: float | None = None, causal: bool = False,
+    block: int = 128,
+) -> tuple[Tensor, Tensor]:
+    """The FP8 kernel's algorithm (kernels/sm90_fwd_fp8.py with BlockScaledSoftmax) tile by
+    tile, in float64: the model the kernel must match. Returns (out, lse) like
+    :func:`attention`; descales are per ``block`` rows (the kernel's tiles) or per tensor.
+
+    Each block of query rows walks its key blocks from the last to the first, as the kernel
+    does. Scores are e4m3 products (exact here) times scale·log2(e) and the two descales;
+    the running max ``m`` is in those log2 units. P is scaled by 448 · v_descale[j] / v_ref,
+    v_ref the largest V descale so far, and rounded to e4m3 (saturating) before P V; the
+    row sum adds P divided by that scale. O is rescaled when the max or v_ref grows.
+    """
+    q8, k8, v8 = (t.values.double() for t in (q, k, v))
+    batch, seqlen_q, heads, head_dim = q8.shape
+    seqlen_k = k8.shape[1]
+    scale = default_softmax_scale(head_dim) if softmax_scale is None else softmax_scale
+    diagonal_offset = seqlen_k - seqlen_q
+
+    def per_block(t: Fp8Tensor, seqlen: int, nheads: int) -> Tensor:
+        blocks = -(-seqlen // block)
+        if t.block is None:
+            return t.descale.double().reshape(1, 1, 1).expand(batch, nheads, blocks)
+        if t.block != block:
+            raise ValueError(f"descales per {t.block} rows; this model reads one per {block} rows or per tensor")
+        return t.descale.double()
+
+    q_descale = per_block(q, seqlen_q, heads)
+    k_descale = _expand_kv_heads(per_block(k, seqlen_k, k8.shape[2]).transpose(1, 2), heads).transpose(1, 2)
+    v_descale = _expand_kv_heads(per_block(v, seqlen_k, k8.shape[2]).transpose(1, 2), heads).transpose(1, 2)
+    q8 = q8.transpose(1, 2)
+    k8, v8 = (_expand_kv_heads(t, heads).transpose(1, 2) for t in (k8, v8))
+    out = torch.empty(batch, heads, seqlen_q, head_dim, dtype=torch.float64, device=q8.device)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float64, device=q8.device)
+    for m_block, m_start in enumerate(range(0, seqlen_q, block)):
+        m_end = min(m_start + block, seqlen_q)
+        rows = m_end - m_start
+        row_max = torch.full((batch, heads, rows), -math.inf, dtype=torch.float64, device=q8.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros(batch, heads, rows, head_dim, dtype=torch.float64, device=q8.device)
+        v_ref = None
+        keys_seen = min(seqlen_k, m_end + diagonal_offset) if causal else seqlen_k
+        for n_block in reversed(range(-(-max(keys_seen, 0) // block))):
+            n_start, n_end = n_block * block, min(n_block * block + block, seqlen_k)
+            block_scale = (scale * LOG2_E * q_descale[:, :, m_block] * k_descale[:, :, n_block])[..., None, None]
+            scores = (q8[:, :, m_start:m_end] @ k8[:, :, n_start:n_end].transpose(-1, -2)) * block_scale
+            if causal:
+                query = torch.arange(m_start, m_end, device=q8.device).unsqueeze(1)
+                key = torch.arange(n_start, n_end, device=q8.device).unsqueeze(0)
+                scores = scores.masked_fill(key > query + diagonal_offset, -math.inf)
+            v_block = v_descale[:, :, n_block]
+            v_new = v_block if v_ref is None else torch.maximum(v_ref, v_block)
+            p_scale = (FP8_MAX * v_block / v_new)[..., None]
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            safe_max = torch.where(new_max == -math.inf, 0.0, new_max)
+            probs = torch.exp2(scores - safe_max.unsqueeze(-1)) * p_scale.unsqueeze(-1)
+            correction = torch.exp2(row_max - safe_max)
+            growth = 1.0 if v_ref is None else (v_ref / v_new)[..., None]
+            row_sum = row_sum * correction + probs.sum(dim=-1) / p_scale
+            p_fp8 = probs.clamp(max=FP8_MAX).to(FP8_DTYPE).double()
+            acc = acc * (correction * growth).unsqueeze(-1) + p_fp8 @ v8[:, :, n_start:n_end]
+            row_max, v_ref = new_max, v_new
+        has_key = row_sum > 0
+        factor = 0.0 if v_ref is None else (v_ref / FP8_MAX)[..., None]
+        inv_sum = torch.where(has_key, factor / torch.where(has_key, row_sum, 1.0), 0.0)
+        out[:, :, m_start:m_end] = acc * inv_sum.unsqueeze(-1)
+        lse[:, :, m_start:m_end] = torch.where(has_key, row_max * math.log(2.0) + torch.log(row_sum), -math.inf)
+    return out.transpose(1, 2), lse

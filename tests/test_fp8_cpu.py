@@ -4,6 +4,7 @@ checks, the selector's FP8 rows and their PTX."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -155,3 +156,45 @@ def test_fp8_kernel_builds_fp8_gemms_and_converts_p_in_registers(entry):
     assert ptx.count("shfl.sync.bfly") == 2 * 2 * (3 + 1)
     # V arrives transposed by TMA (no transpose in the kernel): K-major B operand.
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (300, 300), (300, 129), (129, 300), (17, 1000)))
+def test_blockwise_fp8_model_is_the_fp8_model_tile_by_tile(causal, seqlen_q, seqlen_k):
+    # With one descale per tensor, the kernel's algorithm (running max over key blocks walked
+    # backwards, P on e4m3's range, O rescaled) rounds as the row-at-once model does: its
+    # error against the exact attention of the dequantized inputs is that model's, within a
+    # quarter either way. Its LSE sees no e4m3 rounding.
+    from flash4 import reference
+
+    g = torch.Generator().manual_seed(seqlen_q + 3 * seqlen_k)
+    q, k, v = (torch.randn(2, s, h, 64, generator=g) for s, h in ((seqlen_q, 4), (seqlen_k, 2), (seqlen_k, 2)))
+    q8, k8, v8 = (quantize_fp8(t, None) for t in (q, k, v))
+    exact, lse_exact = reference.attention(*(t.dequantize().double() for t in (q8, k8, v8)), causal=causal,
+                                           compute_dtype=torch.float64)
+    model = reference.fp8_attention(q8, k8, v8, causal=causal)
+    out, lse = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal)
+    empty = lse_exact == -math.inf
+    assert torch.equal(lse == -math.inf, empty) and torch.equal(out[empty.transpose(1, 2)], torch.zeros_like(out[empty.transpose(1, 2)]))
+    # (The exact side's inputs went through dequantize's float32 products: 1e-7 relative.)
+    assert (lse[~empty] - lse_exact[~empty]).abs().max() <= 1e-6
+    model_err, err = ((x - exact).pow(2).mean().sqrt().item() for x in (model, out))
+    if model_err == 0:  # seqlen_k 1: P = 1 is exact in e4m3
+        assert err <= 1e-12
+    else:
+        assert 0.75 * model_err <= err <= 1.25 * model_err, (err, model_err)
+
+
+def test_blockwise_fp8_model_folds_each_v_descale():
+    # V scaled up 1000x in its second key block only: with descales per block, the model
+    # must carry each block's descale (P's scale relative to the largest so far, O rescaled
+    # when it grows); its output stays close to the exact one.
+    from flash4 import reference
+
+    q, k, v = (torch.randn(1, 256, 2, 64) for _ in range(3))
+    v[:, 128:] *= 1000
+    q8, k8, v8 = (quantize_fp8(t, 128) for t in (q, k, v))
+    assert v8.descale[0, 0, 1] > 500 * v8.descale[0, 0, 0]
+    exact, _ = reference.attention(*(t.dequantize().double() for t in (q8, k8, v8)), compute_dtype=torch.float64)
+    out, _ = reference.fp8_blockwise_attention(q8, k8, v8)
+    assert (out - exact).pow(2).mean().sqrt() <= 0.05 * exact.pow(2).mean().sqrt()
