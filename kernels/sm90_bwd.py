@@ -163,6 +163,27 @@ def masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m: int, t
     return end + past_end * (m_end - end)
 
 
+def dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
+    """Key block ``n_block``'s place among the contributors to query block ``m_block``'s dQ
+    in deterministic mode: they add in rank order 0, 1, ...
+
+    Without a mask, every key block walks the query blocks from the first: ranks follow the
+    key blocks. Causal, key block n starts at the query block its first key's rows reach,
+    so the block nearest the diagonal reaches m_block first and block 0 last: ranks run
+    from the last contributing key block down, matching arrival. (The grid then launches
+    the key blocks last to first, so a CTA only ever waits for CTAs launched before it.)
+    Called only for query blocks that ``n_block`` sees, so the division is of a non-negative
+    number. Plain integer arithmetic, like ``query_block_range``.
+    """
+    rank = n_block
+    if causal:
+        last_key_block = cutlass.min(
+            cute.ceil_div(seqlen_k, tile_n) - 1, ((m_block + 1) * tile_m - 1 + seqlen_k - seqlen_q) // tile_n
+        )
+        rank = last_key_block - n_block
+    return rank
+
+
 class Sm90BackwardKernel:
     """The main backward kernel for one configuration and one 16-bit dtype."""
 
@@ -338,6 +359,9 @@ class Sm90BackwardKernel:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.config.deterministic and self.causal):
+            # Key blocks last to first (see dq_turn_rank).
+            n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         kv_ring = make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads)
         q_ring = make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads)
@@ -626,10 +650,9 @@ class Sm90BackwardKernel:
         columns of that warpgroup, after the warpgroup's own barrier. The TMA engine
         (async proxy) reads what the threads (generic proxy) wrote.
 
-        Deterministic: the contributions to a query block's columns go in a fixed order,
-        each waiting until the one before has landed, not only been read. They come from key
-        blocks 0, 1, ..., so a turn counter per column part reaches this block's number when
-        it may go."""
+        Deterministic: the contributions to a query block's columns go in a fixed order
+        (``dq_turn_rank``), each waiting until the one before has landed, not only been
+        read: a turn counter per column part reaches this block's rank when it may go."""
         part = ops.warpgroup_idx
         parts = self.config.consumer_warpgroups
         cute.arch.fence_view_async_shared()
@@ -639,7 +662,10 @@ class Sm90BackwardKernel:
             lane = cute.arch.lane_idx()
             if cutlass.const_expr(dq_out.turns is not None):
                 if lane == 0:
-                    wait_for_turn(dq_out.turns.iterator + counter, block.n_block)
+                    rank = dq_turn_rank(
+                        block.n_block, m_block, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
+                    )
+                    wait_for_turn(dq_out.turns.iterator + counter, rank)
             part_tile = (self.tile_m, self.head_dim // parts)
             s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, m_block, part)
             cute.copy(dq_out.atom, s_tile, g_tile)

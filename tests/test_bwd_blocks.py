@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.sm90_bwd import masked_block_end, query_block_range
+from flash4.kernels.sm90_bwd import dq_turn_rank, masked_block_end, query_block_range
 
 
 
@@ -44,3 +44,30 @@ def test_query_blocks_cover_every_visible_pair_and_unmasked_blocks_need_no_mask(
             # The first walked block holds a row that sees the key block (no wasted block).
             first_rows = range(m_begin * tile_m, min((m_begin + 1) * tile_m, seqlen_q))
             assert any(visible(i, j, seqlen_q, seqlen_k, causal) for i in first_rows for j in keys)
+
+
+@pytest.mark.parametrize("tile_m,tile_n", ((64, 128), (128, 128), (64, 64)))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_deterministic_dq_turns_are_a_launch_ordered_permutation(tile_m, tile_n, causal):
+    # For every query block, the key blocks that walk it take ranks 0..count-1, once each
+    # (else a turn counter never reaches some rank: a hang). Each waits only for a CTA
+    # launched before it (key blocks launch first to last, or causal last to first): CTAs
+    # launch in order, so the one it waits for is running or done. Causal, the ranks also
+    # follow arrival: rank r reaches the query block no later in its walk than rank r + 1.
+    for seqlen_q, seqlen_k in cases():
+        n_blocks = -(-seqlen_k // tile_n)
+        launch = list(reversed(range(n_blocks))) if causal else list(range(n_blocks))
+        # query block -> (rank, key block, steps into the key block's walk)
+        contributors: dict[int, list[tuple[int, int, int]]] = {}
+        for n_block in range(n_blocks):
+            m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, tile_m, tile_n, causal)
+            for m_block in range(m_begin, m_end):
+                rank = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, tile_m, tile_n, causal)
+                contributors.setdefault(m_block, []).append((rank, n_block, m_block - m_begin))
+        for m_block, found in contributors.items():
+            found.sort()
+            assert [rank for rank, _, _ in found] == list(range(len(found))), (seqlen_q, seqlen_k, m_block, found)
+            for (_, before, before_step), (rank, after, after_step) in zip(found, found[1:]):
+                assert launch.index(before) < launch.index(after), (seqlen_q, seqlen_k, m_block, rank)
+                if causal:
+                    assert before_step <= after_step, (seqlen_q, seqlen_k, m_block, rank)
