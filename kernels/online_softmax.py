@@ -40,17 +40,7 @@ class OnlineSoftmax:
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            m_new = row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            if cutlass.const_expr(not is_first):
-                m_new = cute.arch.fmax(m_new, self.row_max[r])
-            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=THREADS_PER_ROW)
-            m_old = self.row_max[r]
-            self.row_max[r] = m_new
-            # A row that has seen only masked keys has max -inf; subtracting 0 instead keeps
-            # exp2(-inf) = 0 rather than exp2(-inf + inf) = NaN.
-            m_safe = m_new
-            if cutlass.const_expr(masked):
-                m_safe = 0.0 if m_new == -Float32.inf else m_new
+            m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
             p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
             s[r, None].store(p)
             partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -62,6 +52,25 @@ class OnlineSoftmax:
                 row_scale[r] = scale
                 self.row_sum[r] = self.row_sum[r] * scale + partial
         return row_scale
+
+    @cute.jit
+    def raise_max(
+        self, r: int, block_max: Float32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+    ) -> tuple:
+        """Row ``r``'s running max after a block whose max (in this thread's columns) is
+        ``block_max``, reduced over the row's quad; returns (old max, new max to subtract)."""
+        m_new = block_max
+        if cutlass.const_expr(not is_first):
+            m_new = cute.arch.fmax(m_new, self.row_max[r])
+        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=THREADS_PER_ROW)
+        m_old = self.row_max[r]
+        self.row_max[r] = m_new
+        # A row that has seen only masked keys has max -inf; subtracting 0 instead keeps
+        # exp2(-inf) = 0 rather than exp2(-inf + inf) = NaN.
+        m_safe = m_new
+        if cutlass.const_expr(masked):
+            m_safe = 0.0 if m_new == -Float32.inf else m_new
+        return m_old, m_safe
 
     @cute.jit
     def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:
@@ -131,15 +140,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            m_new = row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale
-            if cutlass.const_expr(not is_first):
-                m_new = cute.arch.fmax(m_new, self.row_max[r])
-            m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=THREADS_PER_ROW)
-            m_old = self.row_max[r]
-            self.row_max[r] = m_new
-            m_safe = m_new
-            if cutlass.const_expr(masked):
-                m_safe = 0.0 if m_new == -Float32.inf else m_new
+            m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale, is_first, masked)
             p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
             s[r, None].store(p)
             partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * inv_p_scale
