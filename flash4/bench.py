@@ -57,16 +57,22 @@ COMPILE_ONLY_ARCH = "sm_90a"
 REQUIRED_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier")
 
 FLASH4 = "flash4"
-PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4")
+PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8")
 # The backward's FLOPs are 2.5x the forward's (five GEMMs of the forward's size against two,
 # the papers' convention: S is recomputed, and dV, dP, dK, dQ each cost a forward GEMM).
 BACKWARD_FLOPS_NUM, BACKWARD_FLOPS_DEN = 5, 2
-PASSES = ("fwd", "bwd")
-# The outputs every provider is checked against, first available first.
-REFERENCE_PROVIDERS = ("sdpa-cudnn", "sdpa-flash")
+# fp8: the forward with e4m3 inputs; flash4's FP8 kernel beside cuDNN's FP8 attention, and
+# flash4's own bf16 forward and FP8 path with its quantization (FLOPs: the forward's).
+PASSES = ("fwd", "bwd", "fp8")
+# The outputs every provider is checked against, first available first (flash4's bf16
+# forward in the fp8 pass, which has no SDPA).
+REFERENCE_PROVIDERS = ("sdpa-cudnn", "sdpa-flash", "flash4-bf16")
 # Correct kernels differ from the reference by rounding: below 1% of its largest value on
 # the protocol's shapes in bf16 (forward outputs and dq alike). 5% is wrong, not rounding.
 WRONG_RELATIVE = 0.05
+# FP8 rounds much more (cuDNN's e4m3 output alone errs by up to 1/16 of a value): a quarter
+# of the largest value is wrong, not rounding.
+FP8_WRONG_RELATIVE = 0.25
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,12 @@ class Shape:
     heads: int
     head_dim: int
     causal: bool
-    # The backward pass (dq, dk, dv from dout) instead of the forward.
-    backward: bool = False
+    # One of PASSES: the forward, the backward (dq, dk, dv from dout), the FP8 forward.
+    pass_: str = "fwd"
+
+    @property
+    def backward(self) -> bool:
+        return self.pass_ == "bwd"
 
     @property
     def flops(self) -> int:
@@ -87,7 +97,7 @@ class Shape:
         return flops * BACKWARD_FLOPS_NUM // BACKWARD_FLOPS_DEN if self.backward else flops
 
     def label(self) -> str:
-        return f"{'bwd' if self.backward else 'fwd'} hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  " \
+        return f"{self.pass_} hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  " \
                f"b{self.batch:<3d} h{self.heads:<3d} " + ("causal" if self.causal else "full  ")
 
 
@@ -109,7 +119,7 @@ def protocol_shapes(
     """The protocol's shapes, pass then head dim outermost; batch is at least one sequence."""
     return tuple(
         Shape(batch=max(1, TOKENS // seqlen), seqlen=seqlen, heads=HIDDEN // head_dim, head_dim=head_dim,
-              causal=causal, backward=pass_ == "bwd")
+              causal=causal, pass_=pass_)
         for pass_ in passes
         for head_dim in head_dims
         for causal in causal_modes
@@ -261,6 +271,28 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     )
 
 
+def _flash4_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    """The FP8 kernel (and V's layout pass) on inputs quantized beforehand, as
+    flash_attn_fp8 quantizes them (without the Hadamard rotation)."""
+    from flash4.fp8 import FP8_BLOCK, flash_attn_fp8_quantized
+    from flash4.quantize import quantize_fp8
+
+    q8, k8, v8 = quantize_fp8(q, FP8_BLOCK), quantize_fp8(k, FP8_BLOCK), quantize_fp8(v, None)
+    return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
+
+
+def _flash4_fp8_quantizing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    """flash_attn_fp8 from bf16 inputs: its quantization included."""
+    from flash4.fp8 import flash_attn_fp8
+
+    return (lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, causal=causal)), (lambda out: out)
+
+
+def is_peer(name: str) -> bool:
+    """Whether a provider is a peer; flash4's own variants (flash4-bf16, ...) are not."""
+    return not name.startswith(FLASH4)
+
+
 def dout_like(out: torch.Tensor) -> torch.Tensor:
     """The upstream gradient every backward provider of a shape gets: the same draw."""
     generator = torch.Generator(device=out.device).manual_seed(DOUT_SEED)
@@ -340,10 +372,15 @@ def _not_available(name: str) -> Callable[..., Prepared]:
     return prepare
 
 
+# The peers each table of perf/peer_providers.py holds.
+CHECKOUT_PEERS = {"PROVIDERS": ("fa4",), "BACKWARD_PROVIDERS": ("fa4",), "FP8_PROVIDERS": ("cudnn-fp8",)}
+
+
 def _checkout_peers(table: str = "PROVIDERS") -> dict[str, Callable[..., Prepared]]:
-    """The checkout's peer adapters: ``PROVIDERS`` (forward) or ``BACKWARD_PROVIDERS``."""
+    """The checkout's peer adapters: ``PROVIDERS`` (forward), ``BACKWARD_PROVIDERS`` or
+    ``FP8_PROVIDERS``."""
     if not PEER_PROVIDERS_FILE.is_file():
-        return {"fa4": _not_available("fa4")}
+        return {name: _not_available(name) for name in CHECKOUT_PEERS[table]}
     spec = importlib.util.spec_from_file_location("flash4_peer_providers", PEER_PROVIDERS_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -362,6 +399,13 @@ BACKWARD_PROVIDERS: dict[str, Callable[..., Prepared]] = {
     "sdpa-flash": _sdpa_backward("FLASH_ATTENTION"),
     **_checkout_peers("BACKWARD_PROVIDERS"),
 }
+FP8_PROVIDERS: dict[str, Callable[..., Prepared]] = {
+    FLASH4: _flash4_fp8,
+    "flash4-quantizing": _flash4_fp8_quantizing,
+    "flash4-bf16": _flash4,
+    **_checkout_peers("FP8_PROVIDERS"),
+}
+PASS_PROVIDERS = {"fwd": PROVIDERS, "bwd": BACKWARD_PROVIDERS, "fp8": FP8_PROVIDERS}
 
 
 # --- one shape ----------------------------------------------------------------------------
@@ -413,7 +457,7 @@ def measure_shape(
     timing one provider after another would hand that drift to the ratio.
     """
     if providers is None:
-        providers = BACKWARD_PROVIDERS if shape.backward else PROVIDERS
+        providers = PASS_PROVIDERS[shape.pass_]
     shape_qkv = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
     q, k, v = (torch.randn(shape_qkv, dtype=DTYPE, device=device) for _ in range(3))
     scale = 1.0 / math.sqrt(shape.head_dim)
@@ -431,7 +475,7 @@ def measure_shape(
             runs[name] = run
         except Exception as exc:  # a peer that cannot run is data, not a reason to stop
             errors[name] = _error_text(exc)
-    errors.update(wrong_outputs(outputs))
+    errors.update(wrong_outputs(outputs, FP8_WRONG_RELATIVE if shape.pass_ == "fp8" else WRONG_RELATIVE))
     times: dict[str, list[float]] = {name: [] for name in runs}
     spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(rounds):
@@ -466,16 +510,16 @@ def measure_shape(
         diff = float((outputs[FLASH4].float() - outputs[reference].float()).abs().max())
         against = reference
 
-    peers = {n: m.tflops for n, m in results.items() if n != FLASH4 and m.tflops is not None}
+    peers = {n: m.tflops for n, m in results.items() if is_peer(n) and m.tflops is not None}
     best = max(peers, key=peers.__getitem__) if peers else None
     ours = results[FLASH4].tflops if FLASH4 in results else None
     ratio = ours / peers[best] if best is not None and ours is not None else None
     return ShapeRecord(shape, shape.flops, results, diff, against, ratio, best)
 
 
-def wrong_outputs(outputs: dict[str, torch.Tensor]) -> dict[str, str]:
+def wrong_outputs(outputs: dict[str, torch.Tensor], relative: float = WRONG_RELATIVE) -> dict[str, str]:
     """Providers whose output (forward) or dq (backward) is wrong, with the reason: not
-    finite, or farther from the first SDPA backend's than WRONG_RELATIVE of its largest
+    finite, or farther from the first reference provider's than ``relative`` of its largest
     magnitude. A wrong kernel is reported, not timed."""
     reference = next((n for n in REFERENCE_PROVIDERS if n in outputs), None)
     if reference is None:
@@ -485,9 +529,9 @@ def wrong_outputs(outputs: dict[str, torch.Tensor]) -> dict[str, str]:
     wrong = {}
     for name, output in outputs.items():
         diff = float((output.float() - expected).abs().max())
-        if not math.isfinite(diff) or diff > WRONG_RELATIVE * size:
+        if not math.isfinite(diff) or diff > relative * size:
             wrong[name] = (f"wrong output: max|diff| {diff:.3g} against {reference}, more than "
-                           f"{WRONG_RELATIVE:.0%} of its largest value {size:.3g}; not timed")
+                           f"{relative:.0%} of its largest value {size:.3g}; not timed")
     return wrong
 
 
@@ -577,8 +621,8 @@ def benchmark(options: Options, found: str) -> int:
     records = []
     shapes = options.shapes()
     for index, shape in enumerate(shapes, 1):
-        table = BACKWARD_PROVIDERS if shape.backward else PROVIDERS
-        providers = {name: prepare for name, prepare in table.items() if name == FLASH4 or name in options.peers}
+        table = PASS_PROVIDERS[shape.pass_]
+        providers = {name: prepare for name, prepare in table.items() if not is_peer(name) or name in options.peers}
         record = measure_shape(shape, timer, providers=providers, rounds=options.rounds)
         records.append(record)
         print(f"{table_row(record)}  [{index}/{len(shapes)}]", flush=True)

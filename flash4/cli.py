@@ -118,11 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--causal", choices=tuple(_CAUSAL_MODES), default="both")
     bench_parser.add_argument("--quick", action="store_true",
                               help="seqlens 1024/4096/16384 (unless --seqlen) and shorter timing")
-    bench_parser.add_argument("--pass", dest="passes", nargs="+", choices=("fwd", "bwd"), default=["fwd"],
-                              help="forward and/or backward (dq, dk, dv from dout; FLOPs 2.5x forward)")
-    bench_parser.add_argument("--peers", nargs="+", choices=("sdpa-cudnn", "sdpa-flash", "fa4"),
-                              default=["sdpa-cudnn", "sdpa-flash", "fa4"],
-                              help="the peers timed beside flash4 (default: all three)")
+    bench_parser.add_argument("--pass", dest="passes", nargs="+", choices=("fwd", "bwd", "fp8"), default=["fwd"],
+                              help="forward, backward (dq, dk, dv from dout; FLOPs 2.5x forward) and/or the FP8 "
+                                   "forward (against cuDNN's FP8 attention)")
+    bench_parser.add_argument("--peers", nargs="+", choices=("sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8"),
+                              default=["sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8"],
+                              help="the peers timed beside flash4 (default: all four; cudnn-fp8 in the fp8 pass)")
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")

@@ -17,6 +17,9 @@ FLASH4 = "flash4"
 SUMMARY_SHAPES = 3
 
 Key = tuple[str, int, bool, int]  # (pass, head dim, causal, seqlen)
+# The passes in report order, their titles, and the matmul ceiling each is measured against.
+PASS_TITLES = {"fwd": "Forward", "bwd": "Backward", "fp8": "FP8 forward"}
+PASS_CEILINGS = {"fwd": "bf16_matmul_tflops", "bwd": "bf16_matmul_tflops", "fp8": "fp8_matmul_tflops"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -32,7 +35,14 @@ def load(path: Path) -> dict[str, Any]:
 
 def key(record: dict[str, Any]) -> Key:
     shape = record["shape"]
-    return ("bwd" if shape.get("backward") else "fwd", shape["head_dim"], shape["causal"], shape["seqlen"])
+    # Records written before the FP8 pass existed say backward (a bool) instead of pass_.
+    pass_ = shape.get("pass_") or ("bwd" if shape.get("backward") else "fwd")
+    return (pass_, shape["head_dim"], shape["causal"], shape["seqlen"])
+
+
+def _providers(rows: list[dict[str, Any]]) -> list[str]:
+    """The providers of these records, in the order they were timed."""
+    return list(dict.fromkeys(name for r in rows for name in r["results"]))
 
 
 def tflops(record: dict[str, Any], provider: str) -> float | None:
@@ -60,7 +70,6 @@ def report_markdown(payload: dict[str, Any]) -> str:
     """One run: its provenance, a summary of flash4's ratios (worst and best shapes first),
     then a table per pass and head dim."""
     records = payload["records"]
-    providers = list(dict.fromkeys(name for r in records for name in r["results"]))
     lines = [
         f"# flash4 benchmark: {payload.get('gpu')}",
         "",
@@ -73,18 +82,20 @@ def report_markdown(payload: dict[str, Any]) -> str:
     if machine:
         lines.append(f"GPU state before: {_state(machine.get('before'))}; after: {_state(machine.get('after'))}.")
     lines.append("")
-    for pass_ in ("fwd", "bwd"):
+    for pass_, title in PASS_TITLES.items():
         rows = [r for r in records if key(r)[0] == pass_]
         ratios = sorted((r["ratio_vs_best_peer"], key(r)) for r in rows if r.get("ratio_vs_best_peer") is not None)
         if not rows:
             continue
-        lines.append(f"## {'Forward' if pass_ == 'fwd' else 'Backward'}")
+        providers = _providers(rows)
+        lines.append(f"## {title}")
         lines.append("")
-        ceiling = (payload.get("ceilings") or {}).get("bf16_matmul_tflops")
+        ceiling_name = PASS_CEILINGS[pass_]
+        ceiling = (payload.get("ceilings") or {}).get(ceiling_name)
         peak = max((tflops(r, FLASH4) or 0.0 for r in rows), default=0.0)
         if ceiling and peak:
             lines += [f"flash4's peak: {peak:.0f} TFLOP/s, {peak / ceiling:.0%} of the {ceiling:.0f} TFLOP/s "
-                      f"bf16 matmul ceiling measured in the same run.", ""]
+                      f"{ceiling_name.split('_')[0]} matmul ceiling measured in the same run.", ""]
         if ratios:
             ahead = sum(ratio >= 1.0 for ratio, _ in ratios)
             worst = ", ".join(f"{_label(k)} {ratio:.2f}" for ratio, k in ratios[:SUMMARY_SHAPES])
@@ -122,15 +133,15 @@ def plot_report(payload: dict[str, Any], folder: Path, prefix: str = "") -> list
     except ImportError as exc:
         raise ImportError("plots need matplotlib: pip install matplotlib") from exc
     records = payload["records"]
-    providers = list(dict.fromkeys(name for r in records for name in r["results"]))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for pass_ in ("fwd", "bwd"):
+    for pass_ in PASS_TITLES:
         rows = [r for r in records if key(r)[0] == pass_]
         head_dims = sorted({key(r)[1] for r in rows})
         if not rows:
             continue
+        providers = _providers(rows)
         fig, axes = plt.subplots(1, len(head_dims), figsize=(5 * len(head_dims), 4), squeeze=False)
         for ax, head_dim in zip(axes[0], head_dims):
             for index, provider in enumerate(providers):

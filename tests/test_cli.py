@@ -331,3 +331,41 @@ def test_ceilings_keep_the_fastest_timing() -> None:
                                       gemm_size=64, copy_bytes=1024)
     assert bench.CEILING_ROUNDS == 3
     assert ceilings["bf16_matmul_tflops"] == pytest.approx(2 * 64**3 / 1e-3 / 1e12)
+
+
+def test_fp8_pass_shapes_count_forward_flops_and_measure_against_peers_only() -> None:
+    # The fp8 pass: forward FLOPs; flash4's own bf16 forward and its quantizing FP8 path
+    # are timed beside the kernel but are no peers, and the bf16 forward is the output's
+    # reference. FP8 output is judged wrong only beyond a quarter of the largest value.
+    (fp8,) = bench.protocol_shapes((128,), (1024,), (False,), passes=("fp8",))
+    (fwd,) = bench.protocol_shapes((128,), (1024,), (False,), passes=("fwd",))
+    assert fp8.pass_ == "fp8" and not fp8.backward and fp8.flops == fwd.flops and fp8.label().startswith("fp8")
+    assert set(bench.PASS_PROVIDERS["fp8"]) == {"flash4", "flash4-quantizing", "flash4-bf16", "cudnn-fp8"}
+
+    def off_by(delta: float):
+        def prepare(*args: object) -> bench.Prepared:
+            run, to_bshd = _sdpa_math(*args)  # type: ignore[arg-type]
+            return run, lambda out: to_bshd(out) + delta * to_bshd(out).abs().max()
+
+        return prepare
+
+    times = iter([2.0, 4.0, 1.0, 3.0])
+    providers = {"flash4": off_by(0.1), "flash4-quantizing": off_by(0.1), "flash4-bf16": _sdpa_math,
+                 "cudnn-fp8": off_by(0.2)}
+    shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False, pass_="fp8")
+    record = bench.measure_shape(shape, bench.Timer("fake", lambda fn: next(times)), providers=providers, device="cpu")
+    assert all(m.error is None for m in record.results.values())
+    assert record.best_peer == "cudnn-fp8" and record.ratio_vs_best_peer == pytest.approx(3.0 / 2.0)
+    assert record.diff_against == "flash4-bf16"
+    # The same 10% error in the forward pass is a wrong output.
+    forward = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False)
+    wrong = bench.measure_shape(forward, bench.Timer("fake", lambda fn: 1.0),
+                                providers={"flash4": off_by(0.1), "sdpa-cudnn": _sdpa_math}, device="cpu")
+    assert wrong.results["flash4"].error.startswith("wrong output")
+
+
+def test_cli_accepts_the_fp8_pass_and_its_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "run", lambda options: seen.append(options) or 0)
+    assert cli.main(["bench", "--pass", "fp8", "--hdim", "128", "--seqlen", "1024"]) == 0
+    assert [s.pass_ for s in seen[0].shapes()] == ["fp8", "fp8"] and "cudnn-fp8" in seen[0].peers

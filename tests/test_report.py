@@ -110,3 +110,22 @@ def test_report_states_flash4s_peak_against_the_measured_ceiling():
     payload["ceilings"] = {"bf16_matmul_tflops": 801.0}
     peak = max(r["results"]["flash4"]["tflops"] for r in payload["records"])
     assert f"flash4's peak: {peak:.0f} TFLOP/s, {peak / 801:.0%} of the 801 TFLOP/s" in report.report_markdown(payload)
+
+
+def test_fp8_records_get_their_own_section_against_the_fp8_ceiling():
+    # A real run's forward records relabelled as the fp8 pass (the new records' "pass_"
+    # field): their own section, measured against the fp8 matmul ceiling, and only the
+    # providers that ran in it as columns. Old records (a "backward" bool) still read.
+    payload = report.load(RUN_B)
+    payload["ceilings"] = {"bf16_matmul_tflops": 800.0, "fp8_matmul_tflops": 1260.0}
+    fp8 = copy.deepcopy(payload["records"][:2])
+    for record in fp8:
+        record["shape"]["pass_"] = "fp8"
+        record["results"] = {"flash4": record["results"]["flash4"], "cudnn-fp8": record["results"]["sdpa-cudnn"]}
+    payload["records"] = payload["records"][:2] + fp8
+    text = report.report_markdown(payload)
+    forward, fp8_section = text.split("## FP8 forward")
+    peak = max(r["results"]["flash4"]["tflops"] for r in fp8)
+    assert "of the 1260 TFLOP/s fp8 matmul ceiling" in fp8_section and f"flash4's peak: {peak:.0f}" in fp8_section
+    assert "cudnn-fp8" in fp8_section and "cudnn-fp8" not in forward and "sdpa-flash" not in fp8_section
+    assert [report.key(r)[0] for r in payload["records"]] == ["fwd", "fwd", "fp8", "fp8"]
