@@ -28,14 +28,19 @@ class OnlineSoftmax:
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
+    def block_inputs(self, n_block: Int32):
+        """What ``update`` needs of key block ``n_block`` besides its scores, read while its
+        S GEMM runs: nothing here (the block-scaled softmax loads its descales)."""
+        return None
+
     @cute.jit
     def update(
-        self, acc_s: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+        self, acc_s: cute.Tensor, block, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
     ) -> cute.Tensor:
-        """Turn the scores of key block ``n_block`` into unnormalised probabilities in place;
-        return each row's factor ``exp2((m_old - m_new) * scale_log2)`` for rescaling O.
-        Only a ``masked`` block can leave a row with no finite score. (The block's index
-        matters to the block-scaled softmax only.)"""
+        """Turn the scores of a key block (``block``: its ``block_inputs``) into unnormalised
+        probabilities in place; return each row's factor ``exp2((m_old - m_new) *
+        scale_log2)`` for rescaling O. Only a ``masked`` block can leave a row with no
+        finite score."""
         s = acc_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
@@ -120,15 +125,20 @@ class BlockScaledSoftmax(OnlineSoftmax):
         self.v_descale = v_descale
         self.v_ref = cute.make_rmem_tensor(1, Float32)
 
+    def block_inputs(self, n_block: Int32) -> tuple:
+        """Key block ``n_block``'s K and V descales, loaded from global memory while its S
+        GEMM runs (used at once after it, the load's latency stalled the softmax)."""
+        return self.k_descale[n_block], self.v_descale[n_block]
+
     @cute.jit
     def update(
-        self, acc_s: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+        self, acc_s: cute.Tensor, block: tuple, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
     ) -> cute.Tensor:
-        """``OnlineSoftmax.update`` for key block ``n_block``, with its descales; the
+        """``OnlineSoftmax.update`` for a key block whose descales ``block`` holds; the
         returned factors include v_ref's growth."""
         s = acc_rows_cols(acc_s)
-        scale = self.scale_log2 * self.k_descale[n_block]
-        v_descale = self.v_descale[n_block]
+        k_descale, v_descale = block
+        scale = self.scale_log2 * k_descale
         v_old = self.v_ref[0]
         v_new = v_descale
         if cutlass.const_expr(not is_first):

@@ -559,10 +559,11 @@ class Sm90ForwardKernel:
         rings.k.consumer_wait(state)
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+        block = softmax.block_inputs(n_block)
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
-        softmax.update(acc_s, n_block, is_first=True, masked=True)
+        softmax.update(acc_s, block, is_first=True, masked=True)
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
@@ -611,12 +612,13 @@ class Sm90ForwardKernel:
         warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
         if cutlass.const_expr(self.pingpong):
             pingpong.pass_turn()
+        block = softmax.block_inputs(n_block)
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
         rings.k.consumer_release(state)
         if cutlass.const_expr(masked):
             self.mask(acc_s, ops, tile, n_block)
-        row_scale = softmax.update(acc_s, n_block, is_first=False, masked=masked)
+        row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
         softmax.rescale(ops.acc_o, row_scale)
