@@ -122,6 +122,11 @@ class Sm90BackwardConfig:
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
     deterministic: bool = False
+    # The dQ GEMM's warpgroups split the query rows (each its own 64, all head-dim columns)
+    # instead of the columns: at tile_m 128 and head dim 64 each then issues 64x64 wgmmas
+    # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
+    # shared memory's 128 bytes per clock. [Sweep candidate, not yet run on a GPU.]
+    dq_rows: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -153,5 +158,11 @@ class Sm90BackwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
+        rows_per_split = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS
+        if self.dq_rows and (self.head_dim_split or self.tile_m != rows_per_split):
+            raise ValueError(
+                f"dq_rows=True: each warpgroup takes 64 query rows, so tile_m={rows_per_split} "
+                f"(got {self.tile_m}) and no head_dim_split"
+            )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -244,18 +244,23 @@ class Sm90BackwardKernel:
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_mn, Float32, dkv_atoms, dkv_tile, a_source=dkv_a
         )
-        # dQ: M = queries, N = head_dim split between the warpgroups, K = keys; dS read as
-        # (queries, keys) and K as (head_dim, keys), both from shared memory.
+        # dQ: M = queries, N = head_dim, K = keys, the warpgroups splitting N (or, dq_rows,
+        # M); dS read as (queries, keys) and K as (head_dim, keys), both from shared memory.
+        dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
+        if cutlass.const_expr(self.config.dq_rows):
+            dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.head_dim)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_mn, major_mn, Float32, (1, wgs, 1), (rows, self.head_dim // wgs)
+            self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
 
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.q_stages)
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
-        # dQ's fp32 tile, one part per warpgroup: its columns.
+        # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
         dq_part = (self.tile_m, self.head_dim // wgs)
+        if cutlass.const_expr(self.config.dq_rows):
+            dq_part = (self.tile_m // wgs, self.head_dim)
         sdQ_layout = smem_tile_layout(Float32, *dq_part, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
@@ -640,14 +645,21 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction):
-        """This thread's dQ into its warpgroup's part (columns) of the shared-memory tile."""
+        """This thread's dQ into its warpgroup's part (columns, or rows) of the shared-memory
+        tile, seen whole: (tile_m, head_dim)."""
         tile = cute.group_modes(dq_out.smem, 1, 3)
+        if cutlass.const_expr(self.config.dq_rows):
+            # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
+            rows, parts = self.tile_m // self.config.consumer_warpgroups, self.config.consumer_warpgroups
+            tile = cute.composition(
+                dq_out.smem, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
+            )
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit
     def publish_dq(self, ops: BackwardOperands, dq_out: DQReduction, block: KeyBlock, m_block: Int32, tidx: Int32):
         """A TMA reduction per warpgroup adds what write_dq wrote into the accumulator's
-        columns of that warpgroup, after the warpgroup's own barrier. The TMA engine
+        columns (or rows) of that warpgroup, after the warpgroup's own barrier. The TMA engine
         (async proxy) reads what the threads (generic proxy) wrote.
 
         Deterministic: the contributions to a query block's columns go in a fixed order
@@ -666,8 +678,13 @@ class Sm90BackwardKernel:
                         block.n_block, m_block, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
                     )
                     wait_for_turn(dq_out.turns.iterator + counter, rank)
-            part_tile = (self.tile_m, self.head_dim // parts)
-            s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, m_block, part)
+            # The part's place in the accumulator: its column block, or (dq_rows) row block.
+            part_tile, row_block, col_block = (self.tile_m, self.head_dim // parts), m_block, part
+            if cutlass.const_expr(self.config.dq_rows):
+                part_tile, row_block, col_block = (self.tile_m // parts, self.head_dim), m_block * parts + part, 0
+            s_tile, g_tile = tma_tile(
+                dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, row_block, col_block
+            )
             cute.copy(dq_out.atom, s_tile, g_tile)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(dq_out.turns is not None):

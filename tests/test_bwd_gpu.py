@@ -86,3 +86,40 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
     for name, got, want, torch_grad in zip(("dq", "dk", "dv"), runs[0], expected, baseline):
         bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777), (4096, 4096)))
+@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
+def test_dq_rows_candidate_matches_reference(causal, seqlen_q, seqlen_k, heads, kv_heads):
+    # The sweep's candidate (dQ split by query rows, head dim 64) must be right before it is
+    # timed; deterministic, it must also repeat exactly.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    head_dim, dtype = 64, torch.bfloat16
+    q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
+    expected = reference.attention_backward(q, k, v, out_ref, dout, lse_ref, causal=causal)
+    baseline = reference.attention_backward_in_dtype(q, k, v, dout, causal=causal)
+    runs = []
+    for deterministic in (False, True, True):
+        config = dataclasses.replace(backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_rows=True)
+        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        runs.append(attention_backward(
+            q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=deterministic, config=config
+        ))
+    torch.cuda.synchronize()
+    for run in runs:
+        for name, got, want, torch_grad in zip(("dq", "dk", "dv"), run, expected, baseline):
+            assert not got.isnan().any(), f"{name}: some element was never written"
+            bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
+            assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
+    for name, first, second in zip(("dq", "dk", "dv"), runs[1], runs[2]):
+        assert torch.equal(first, second), f"{name} differs between two deterministic runs"

@@ -106,3 +106,19 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert ptx.count("red.release.gpu.global.add.s32") == turns
     assert ptx.count("ld.acquire.gpu") == 2 * turns  # the first read, and the spin
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
+
+
+def test_dq_rows_candidate_compiles_clean():
+    # The sweep's candidate at head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
+    # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
+    # in two 128-byte boxes (64 fp32 columns), in the masked and the unmasked loop.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    report = compile_backward_report(dataclasses.replace(backward_config(64, True), dq_rows=True))
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
+    assert shapes.count("m64n32k16") == 0 and shapes.count("m64n64k16") == 2 * (8 + 8 + 8)
+    assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * 2
