@@ -84,11 +84,17 @@ def test_per_tensor_descales(head_dim, blocks):
 
 
 def test_flash_attn_fp8_quantizes_and_runs():
+    # From bf16 inputs: quantized as documented (Q, K per 128 rows after the rotation, V per
+    # tensor), the result errs against the exact attention of the unquantized inputs as the
+    # kernel's algorithm on those quantized inputs does (about 5% of the output's RMS here,
+    # mostly V's rounding in the first causal rows, which see few keys).
     q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True)
     exact, _ = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
-    # Against the unquantized inputs the error is e4m3's input rounding, far below the output's size.
-    assert _rms(out - exact) <= 0.05 * _rms(exact)
+    q8, k8 = (flash4.quantize_fp8(t, FP8_BLOCK, True) for t in (q, k))
+    model = reference.fp8_blockwise_attention(q8, k8, flash4.quantize_fp8(v, None), causal=True)[0]
+    bound = RMSE_SLACK * _rms(model.to(torch.bfloat16) - exact) + BF16_HALF_STEP * _rms(exact)
+    assert out.dtype == torch.bfloat16 and _rms(out - exact) <= bound
     q.requires_grad_(True)
     with pytest.raises(NotImplementedError, match=r"^flash_attn_fp8 is forward only"):
         flash4.flash_attn_fp8(q, k, v)
