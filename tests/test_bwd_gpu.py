@@ -91,7 +91,7 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777), (4096, 4096)))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_dq_rows_candidate_matches_reference(causal, seqlen_q, seqlen_k, heads, kv_heads):
+def test_dq_rows_candidate_agrees_with_the_reference(causal, seqlen_q, seqlen_k, heads, kv_heads):
     # The sweep's candidate (dQ split by query rows, head dim 64) must be right before it is
     # timed; deterministic, it must also repeat exactly.
     import dataclasses

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU tests in segments, each under its own time limit, for device calls of at most ten
+# minutes: a hang in one segment (a kernel waiting on a barrier or a turn that never comes)
+# costs that segment's limit, not the call, and every segment leaves its log. On the GPU
+# machine, from the project's root, after `source .gpu/activate.sh`:
+#
+#     bash perf/gpu_tests.sh [segment ...]      (default: all, in the order below)
+#
+# Logs go to $OUT (the device tool's output folder) or ./gpu-logs; one summary line per
+# segment goes to stdout: its name, pytest's exit status (124: the limit ran out), seconds
+# since the start, and pytest's last line.
+set -u
+out="${OUT:-gpu-logs}"
+mkdir -p "$out"
+start=$SECONDS
+
+# name, limit in seconds, pytest arguments
+segments=(
+  "fwd|240|tests/test_fwd_gpu.py"
+  "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256"
+  "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256"
+  "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
+  "candidates|150|tests/test_bwd_gpu.py -k candidate"
+  "autograd|240|tests/test_autograd_gpu.py -k not training"
+  "training|150|tests/test_autograd_gpu.py -k training -s"
+  "fp8|300|tests/test_fp8_gpu.py"
+)
+
+wanted=("$@")
+for segment in "${segments[@]}"; do
+  IFS='|' read -r name limit args <<< "$segment"
+  if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " == *" $name "* ]]; then
+    continue
+  fi
+  # The -k expression is one argument; the rest split on spaces.
+  files="${args%% -k *}"
+  extra=()
+  if [[ "$args" == *" -k "* ]]; then
+    rest="${args#* -k }"
+    expr="${rest% -s}"
+    extra=(-k "$expr")
+    [[ "$rest" == *" -s" ]] && extra+=(-s)
+  fi
+  # shellcheck disable=SC2086
+  timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider $files "${extra[@]}" > "$out/$name.log" 2>&1
+  status=$?
+  echo "$name rc=$status $((SECONDS - start))s: $(tail -1 "$out/$name.log")"
+done
