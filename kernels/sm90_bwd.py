@@ -561,13 +561,23 @@ class Sm90BackwardKernel:
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
 
-        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read from
-        # shared memory where it is used: holding all of this thread's columns in registers
-        # spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
+        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistics are read from
+        # shared memory where they are used: holding all of this thread's columns in
+        # registers spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
+        # With stats_early, LSE is read before the Sᵀ wait and D before the dPᵀ wait, so the
+        # exponentials and dS need not wait for the loads once the GEMMs are done.
+        lse_early = delta_early = None
+        if cutlass.const_expr(self.config.stats_early):
+            lse_early = cute.make_rmem_tensor(columns, Float32)
+            for j in cutlass.range_constexpr(columns):
+                lse_early[j] = rows.lse_log2[c[0, j][1], q_state.index]
         warpgroup.wait_group(1)
         st = acc_rows_cols(acc_st)
         for j in cutlass.range_constexpr(columns):
-            lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
+            if cutlass.const_expr(self.config.stats_early):
+                lse_log2_j = lse_early[j]
+            else:
+                lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -581,10 +591,17 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(not self.split):
             convert_packed(acc_as_a_operand(acc_st), ops.pt)
 
+        if cutlass.const_expr(self.config.stats_early):
+            delta_early = cute.make_rmem_tensor(columns, Float32)
+            for j in cutlass.range_constexpr(columns):
+                delta_early[j] = rows.delta[c[0, j][1], do_state.index]
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(columns):
-            delta_j = rows.delta[c[0, j][1], do_state.index]
+            if cutlass.const_expr(self.config.stats_early):
+                delta_j = delta_early[j]
+            else:
+                delta_j = rows.delta[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 

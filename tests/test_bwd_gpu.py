@@ -88,18 +88,23 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
+# The sweep's candidates (perf/sweep_configs.py BACKWARD_CANDIDATES), by head dim.
+CANDIDATES = ((64, dict(dq_rows=True)), (128, dict(stats_early=True)), (256, dict(stats_early=True)))
+
+
+@pytest.mark.parametrize("head_dim,change", CANDIDATES, ids=[f"d{d}-{next(iter(c))}" for d, c in CANDIDATES])
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777), (4096, 4096)))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_dq_rows_candidate_agrees_with_the_reference(causal, seqlen_q, seqlen_k, heads, kv_heads):
-    # The sweep's candidate (dQ split by query rows, head dim 64) must be right before it is
-    # timed; deterministic, it must also repeat exactly.
+def test_candidate_agrees_with_the_reference(head_dim, change, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    # A sweep candidate must be right before it is timed; deterministic, it must also
+    # repeat exactly.
     import dataclasses
 
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
-    head_dim, dtype = 64, torch.bfloat16
+    dtype = torch.bfloat16
     q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
@@ -110,7 +115,7 @@ def test_dq_rows_candidate_agrees_with_the_reference(causal, seqlen_q, seqlen_k,
     baseline = reference.attention_backward_in_dtype(q, k, v, dout, causal=causal)
     runs = []
     for deterministic in (False, True, True):
-        config = dataclasses.replace(backward_config(head_dim, causal, kv_heads != heads, deterministic), dq_rows=True)
+        config = dataclasses.replace(backward_config(head_dim, causal, kv_heads != heads, deterministic), **change)
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
         runs.append(attention_backward(
             q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=deterministic, config=config

@@ -122,3 +122,16 @@ def test_dq_rows_candidate_compiles_clean():
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
     assert shapes.count("m64n32k16") == 0 and shapes.count("m64n64k16") == 2 * (8 + 8 + 8)
     assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * 2
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
+def test_stats_early_candidate_compiles_clean(head_dim, grouped):
+    # The sweep's candidate: LSE and D held in registers must not spill nor serialise.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True, grouped), stats_early=True))
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
