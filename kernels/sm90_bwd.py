@@ -566,18 +566,11 @@ class Sm90BackwardKernel:
         # registers spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
         # With stats_early, LSE is read before the Sᵀ wait and D before the dPᵀ wait, so the
         # exponentials and dS need not wait for the loads once the GEMMs are done.
-        lse_early = delta_early = None
-        if cutlass.const_expr(self.config.stats_early):
-            lse_early = cute.make_rmem_tensor(columns, Float32)
-            for j in cutlass.range_constexpr(columns):
-                lse_early[j] = rows.lse_log2[c[0, j][1], q_state.index]
+        lse_early = self.early_column_stats(rows.lse_log2, q_state.index, c, columns)
         warpgroup.wait_group(1)
         st = acc_rows_cols(acc_st)
         for j in cutlass.range_constexpr(columns):
-            if cutlass.const_expr(self.config.stats_early):
-                lse_log2_j = lse_early[j]
-            else:
-                lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
+            lse_log2_j = self.column_stat(lse_early, rows.lse_log2, q_state.index, c, j)
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -591,17 +584,11 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(not self.split):
             convert_packed(acc_as_a_operand(acc_st), ops.pt)
 
-        if cutlass.const_expr(self.config.stats_early):
-            delta_early = cute.make_rmem_tensor(columns, Float32)
-            for j in cutlass.range_constexpr(columns):
-                delta_early[j] = rows.delta[c[0, j][1], do_state.index]
+        delta_early = self.early_column_stats(rows.delta, do_state.index, c, columns)
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(columns):
-            if cutlass.const_expr(self.config.stats_early):
-                delta_j = delta_early[j]
-            else:
-                delta_j = rows.delta[c[0, j][1], do_state.index]
+            delta_j = self.column_stat(delta_early, rows.delta, do_state.index, c, j)
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
@@ -659,6 +646,21 @@ class Sm90BackwardKernel:
             self.publish_dq(ops, dq_out, block, m_block, tidx)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
+
+    @cute.jit
+    def early_column_stats(self, stats: cute.Tensor, stage: Int32, c: cute.Tensor, columns: int):
+        """With stats_early, this thread's query columns' values of ``stats`` (LSE or D, per
+        row and ring stage in shared memory) copied into registers now; else None."""
+        if cutlass.const_expr(not self.config.stats_early):
+            return None
+        values = cute.make_rmem_tensor(columns, Float32)
+        for j in cutlass.range_constexpr(columns):
+            values[j] = stats[c[0, j][1], stage]
+        return values
+
+    def column_stat(self, early: Optional[cute.Tensor], stats: cute.Tensor, stage: Int32, c: cute.Tensor, j: int):
+        """Column ``j``'s value of ``stats``: from ``early_column_stats``, or read here."""
+        return stats[c[0, j][1], stage] if early is None else early[j]
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction):
