@@ -19,6 +19,7 @@ Runs on CPU and CUDA (torch only); the FP8 kernel consumes what it returns.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -119,18 +120,25 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     the keys contiguous (FP8 wgmma reads its B operand K-major), padded with zeros to whole
     groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
     holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel."""
-    from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
-
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
-    group = len(FP8_PV_KEY_ORDER)
+    order = _key_order(values.device)
+    group = order.numel()
     padded = -(-seqlen // group) * group
     # Zero padding through uint8: the same bits, and pad works on it everywhere.
     raw = torch.nn.functional.pad(values.view(torch.uint8), (0, 0, 0, 0, 0, padded - seqlen))
-    order = torch.tensor(FP8_PV_KEY_ORDER, device=values.device)
     renamed = raw.view(batch, padded // group, group, heads, head_dim)[:, :, order]
     return renamed.reshape(batch, padded, heads, head_dim).permute(0, 2, 3, 1).contiguous().view(FP8_DTYPE)
+
+
+@functools.lru_cache(maxsize=None)
+def _key_order(device: torch.device) -> Tensor:
+    """FP8_PV_KEY_ORDER on ``device``, made once: a fresh copy per call would be a host to
+    device transfer on every attention call."""
+    from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
+
+    return torch.tensor(FP8_PV_KEY_ORDER, device=device)
 
 
 def _descale(amax: Tensor) -> Tensor:
