@@ -76,7 +76,8 @@ def _check_tensors(q: object, k: object, v: object) -> None:
     if dtype not in SUPPORTED_DTYPES or k.dtype not in SUPPORTED_DTYPES or v.dtype not in SUPPORTED_DTYPES:
         allowed = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
         name, tensor = next(t for t in tensors if t[1].dtype not in SUPPORTED_DTYPES)
-        raise TypeError(f"{name} has dtype {_dtype_name(tensor.dtype)}; supported dtypes: {allowed}")
+        hint = " (e4m3 inputs also take q_descale, k_descale and v_descale)" if tensor.dtype == torch.float8_e4m3fn else ""
+        raise TypeError(f"{name} has dtype {_dtype_name(tensor.dtype)}; supported dtypes: {allowed}{hint}")
     if k.dtype != dtype or v.dtype != dtype:
         name, tensor = next(t for t in tensors[1:] if t[1].dtype != dtype)
         raise TypeError(

@@ -43,6 +43,9 @@ def flash_attn_func(
     causal: bool = False,
     return_lse: bool = False,
     deterministic: bool = False,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention ``softmax(softmax_scale * q k^T + mask) v``.
 
@@ -59,7 +62,14 @@ def flash_attn_func(
     gradients bit-identical run to run (the backward's fp32 additions into dq, and into dk
     and dv under GQA/MQA, take turns in a fixed order); the forward is deterministic either
     way.
+
+    FP8: e4m3 q, k, v with their float32 descales (``x ≈ values * descale``), each either
+    one per tensor (shape ()) or one per 128 rows of each head ((batch, heads,
+    ceil(seqlen / 128)), what ``quantize_fp8(x, 128)`` gives), run the FP8 kernel (see
+    ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
     """
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        return _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse)
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
@@ -79,6 +89,22 @@ def flash_attn_func(
     )
     _launch(q, k, v, out, lse, problem)
     return (out, lse) if return_lse else out
+
+
+def _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse):
+    """flash_attn_func with descales: the FP8 kernel on e4m3 inputs."""
+    from flash4.fp8 import FP8_BLOCK, flash_attn_fp8_quantized
+    from flash4.quantize import Fp8Tensor
+
+    quantized = []
+    for name, values, descale in (("q", q, q_descale), ("k", k, k_descale), ("v", v, v_descale)):
+        if not isinstance(descale, torch.Tensor):
+            raise TypeError(
+                f"{name}_descale must be a float32 tensor (one per tensor, or one per {FP8_BLOCK} rows of each "
+                f"head) when any descale is given, got {type(descale).__name__}"
+            )
+        quantized.append(Fp8Tensor(values, descale, None if descale.dim() == 0 else FP8_BLOCK, False))
+    return flash_attn_fp8_quantized(*quantized, softmax_scale=softmax_scale, causal=causal, return_lse=return_lse)
 
 
 def flash_attn_forward_into(

@@ -198,3 +198,23 @@ def test_blockwise_fp8_model_folds_each_v_descale():
     exact, _ = reference.attention(*(t.dequantize().double() for t in (q8, k8, v8)), compute_dtype=torch.float64)
     out, _ = reference.fp8_blockwise_attention(q8, k8, v8)
     assert (out - exact).pow(2).mean().sqrt() <= 0.05 * exact.pow(2).mean().sqrt()
+
+
+def test_flash_attn_func_takes_e4m3_inputs_with_descales():
+    import flash4
+
+    q, k, v = _quantized()
+    # Without descales, e4m3 is no supported dtype, and the message says what is missing.
+    with pytest.raises(TypeError, match=r"^q has dtype float8_e4m3fn; .*q_descale, k_descale and v_descale"):
+        flash4.flash_attn_func(q.values, k.values, v.values)
+    # With some but not all descales, the missing one is named.
+    with pytest.raises(TypeError, match=r"^v_descale must be a float32 tensor"):
+        flash4.flash_attn_func(q.values, k.values, v.values, q_descale=q.descale, k_descale=k.descale)
+    # Blockwise descales of the wrong block size: their shape is checked.
+    with pytest.raises(ValueError, match=r"^q.descale must be a contiguous float32 tensor of shape \(1, 4, 1\)"):
+        flash4.flash_attn_func(q.values, k.values, v.values, q_descale=q.descale.repeat(1, 1, 2),
+                               k_descale=k.descale, v_descale=v.descale)
+    # Right arguments on CPU fail only at the device check, as the FP8 path's own do.
+    with pytest.raises(ValueError, match=r"CUDA"):
+        flash4.flash_attn_func(q.values, k.values, v.values, q_descale=q.descale, k_descale=k.descale,
+                               v_descale=quantize_fp8(torch.randn(1, 12, 2, 64), None).descale)

@@ -98,3 +98,16 @@ def test_flash_attn_fp8_quantizes_and_runs():
     q.requires_grad_(True)
     with pytest.raises(NotImplementedError, match=r"^flash_attn_fp8 is forward only"):
         flash4.flash_attn_fp8(q, k, v)
+
+
+def test_flash_attn_func_with_descales_is_the_fp8_kernel():
+    # e4m3 inputs with descales through flash_attn_func: the same kernel, the same bits.
+    q, k, v = (torch.randn(2, 700, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q8, k8, v8 = flash4.quantize_fp8(q, FP8_BLOCK), flash4.quantize_fp8(k, FP8_BLOCK), flash4.quantize_fp8(v, None)
+    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=True)
+    poison_allocator()
+    out, lse = flash4.flash_attn_func(
+        q8.values, k8.values, v8.values, causal=True, return_lse=True,
+        q_descale=q8.descale, k_descale=k8.descale, v_descale=v8.descale,
+    )
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
