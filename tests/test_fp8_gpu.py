@@ -6,7 +6,12 @@ algorithm in float64 (its tiles, running max, P scales and e4m3 rounding), round
 The kernel's RMSE may exceed that model's by a quarter (fp32 arithmetic and exp2's
 approximation move some P across an e4m3 rounding boundary), plus half a bf16 step of the
 output's size; a wrong key order, descale or mask errs far more. The LSE does not see P's
-rounding: it must match to 1e-3. Outputs come from a NaN-poisoned allocator.
+rounding, but it sees S's: Hopper's FP8 wgmma keeps about 14 bits of its running sum
+(DeepSeek-V3 report, section 3.3.2; the reason CUTLASS's FP8 GEMMs promote to fp32 every few
+k-blocks), so each of S's head_dim / 32 accumulation steps may lose up to 2^-13 of the sum
+of |q_i k_i| (scaled): a row's LSE, 1-Lipschitz in its scores, may move by that much over
+the row's largest such sum, plus the 1e-3 that the bf16 kernels' LSE must match to. A wrong
+descale or mask moves it by far more. Outputs come from a NaN-poisoned allocator.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ RMSE_SLACK = 1.25
 # Half a step of bf16 (8 significant bits), relative to the output's RMS.
 BF16_HALF_STEP = 2.0**-9
 LSE_TOLERANCE = 1e-3
+# Hopper's FP8 accumulator keeps about 14 bits: each k32 step may truncate 2^-13 of the sum.
+ACCUMULATOR_STEP_ERROR = 2.0**-13
+WGMMA_K_FP8 = 32
 SEQLENS = ((1, 1), (17, 17), (1000, 1000), (1, 1000), (17, 1000), (1000, 17), (333, 777), (4096, 4096))
 
 
@@ -45,8 +53,18 @@ def _check(q8, k8, v8, causal, out, lse):
     empty = lse_exact == -math.inf
     assert torch.equal(lse == -math.inf, empty), "rows without keys must have LSE = -inf, only those"
     if (~empty).any():
-        err = (lse[~empty].double() - lse_exact[~empty]).abs().max().item()
-        assert err <= LSE_TOLERANCE, f"LSE error {err:.3g}"
+        err = (lse.double() - lse_exact).abs()[~empty]
+        bound = (LSE_TOLERANCE + _accumulation_bound(qd, kd))[~empty]
+        worst = (err / bound).max().item()
+        assert worst <= 1, f"LSE error {err.max().item():.3g}: {worst:.2f} of its bound"
+
+
+def _accumulation_bound(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Per (batch, head, query row): how far S's FP8 accumulation may move the row's LSE."""
+    head_dim, groups = q.shape[-1], q.shape[2] // k.shape[2]
+    magnitude = torch.einsum("bqhd,bkhd->bhqk", q.abs(), k.abs().repeat_interleave(groups, dim=2))
+    steps = head_dim // WGMMA_K_FP8
+    return steps * ACCUMULATOR_STEP_ERROR * magnitude.amax(-1) / math.sqrt(head_dim)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
