@@ -20,7 +20,7 @@ from flash4.kernels.configs import Sm90BackwardConfig
 # 64 at head dim 128. Head dim 256 holds one Q and one dO tile: with the fp32 dQ tile
 # (64 KiB) a second stage of either passes the 227 KiB of shared memory.
 _CONFIGS: dict[int, dict] = {
-    64: dict(tile_m=128),
+    64: dict(tile_m=128, dq_rows=True),
     128: dict(tile_m=64),
     256: dict(tile_m=64, tile_n=64, q_stages=1, do_stages=1, head_dim_split=True),
 }

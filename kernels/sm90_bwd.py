@@ -561,16 +561,13 @@ class Sm90BackwardKernel:
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
 
-        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistics are read from
-        # shared memory where they are used: holding all of this thread's columns in
-        # registers spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
-        # With stats_early, LSE is read before the Sᵀ wait and D before the dPᵀ wait, so the
-        # exponentials and dS need not wait for the loads once the GEMMs are done.
-        lse_early = self.early_column_stats(rows.lse_log2, q_state.index, c, columns)
+        # Pᵀ once Sᵀ is done, while dPᵀ still runs. Each column's statistic is read from
+        # shared memory where it is used: holding all of this thread's columns in registers
+        # spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
         warpgroup.wait_group(1)
         st = acc_rows_cols(acc_st)
         for j in cutlass.range_constexpr(columns):
-            lse_log2_j = self.column_stat(lse_early, rows.lse_log2, q_state.index, c, j)
+            lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -584,11 +581,10 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(not self.split):
             convert_packed(acc_as_a_operand(acc_st), ops.pt)
 
-        delta_early = self.early_column_stats(rows.delta, do_state.index, c, columns)
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(columns):
-            delta_j = self.column_stat(delta_early, rows.delta, do_state.index, c, j)
+            delta_j = rows.delta[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
@@ -646,21 +642,6 @@ class Sm90BackwardKernel:
             self.publish_dq(ops, dq_out, block, m_block, tidx)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
-
-    @cute.jit
-    def early_column_stats(self, stats: cute.Tensor, stage: Int32, c: cute.Tensor, columns: int):
-        """With stats_early, this thread's query columns' values of ``stats`` (LSE or D, per
-        row and ring stage in shared memory) copied into registers now; else None."""
-        if cutlass.const_expr(not self.config.stats_early):
-            return None
-        values = cute.make_rmem_tensor(columns, Float32)
-        for j in cutlass.range_constexpr(columns):
-            values[j] = stats[c[0, j][1], stage]
-        return values
-
-    def column_stat(self, early: Optional[cute.Tensor], stats: cute.Tensor, stage: Int32, c: cute.Tensor, j: int):
-        """Column ``j``'s value of ``stats``: from ``early_column_stats``, or read here."""
-        return stats[c[0, j][1], stage] if early is None else early[j]
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction):

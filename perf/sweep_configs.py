@@ -31,9 +31,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
 }
 # deterministic=True: the cost of bit-identical gradients (turn-taking fp32 additions).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(deterministic=True), dict(dq_rows=True)],
-    128: [dict(), dict(deterministic=True), dict(stats_early=True)],
-    256: [dict(), dict(deterministic=True), dict(stats_early=True)],
+    64: [dict(), dict(deterministic=True)],
+    128: [dict(), dict(deterministic=True)],
+    256: [dict(), dict(deterministic=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 

@@ -65,18 +65,21 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert report.serialized_wgmma == 0, f"ptxas serialised wgmmas in {config}"
     ptx = report.ptx
     # Per query block, masked and mask-free: Sᵀ and dPᵀ (head_dim / 16 k-slices each), dV
-    # and dK (tile_m / 16), dQ (tile_n / 16 for each 64 query rows).
-    per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + config.tile_m // 64 * config.tile_n // 16
+    # and dK (tile_m / 16), dQ (tile_n / 16 for each 64 query rows a warpgroup computes: all
+    # of them when the warpgroups split the columns, its own 64 when they split the rows).
+    dq_row_blocks = 1 if config.dq_rows else config.tile_m // 64
+    per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + dq_row_blocks * config.tile_n // 16
     assert ptx.count("wgmma.mma_async") == 2 * per_block
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2
-    # dQ leaves by TMA reduction, each warpgroup its own half of the columns after its own
-    # 128-thread barrier, one reduction per 128-byte-wide column box (the widest box a
-    # 128-byte swizzle allows), in the masked and the mask-free loop (one instruction in the
-    # code for both warpgroups). The warpgroups meet once per block, at the 256-thread
-    # barrier before the dQ GEMM reads dSᵀ.
-    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (head_dim // 2 * 4 // 128)
+    # dQ leaves by TMA reduction, each warpgroup its own part (half of the columns, or its
+    # rows) after its own 128-thread barrier, one reduction per 128-byte-wide column box (the
+    # widest box a 128-byte swizzle allows), in the masked and the mask-free loop (one
+    # instruction in the code for both warpgroups). The warpgroups meet once per block, at
+    # the 256-thread barrier before the dQ GEMM reads dSᵀ.
+    part_columns = head_dim if config.dq_rows else head_dim // 2
+    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (part_columns * 4 // 128)
     assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)
     epilogue = [] if grouped else [NamedBarrier.EPILOGUE] * 2
     assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue]
@@ -108,30 +111,17 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
 
 
-def test_dq_rows_candidate_compiles_clean():
-    # The sweep's candidate at head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
+def test_dq_rows_compiles_clean():
+    # Head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
     # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
     # in two 128-byte boxes (64 fp32 columns), in the masked and the unmasked loop.
-    import dataclasses
-
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    report = compile_backward_report(dataclasses.replace(backward_config(64, True), dq_rows=True))
+    config = backward_config(64, True)
+    assert config.dq_rows
+    report = compile_backward_report(config)
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
     assert shapes.count("m64n32k16") == 0 and shapes.count("m64n64k16") == 2 * (8 + 8 + 8)
     assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * 2
-
-
-@pytest.mark.parametrize("head_dim", (128, 256))
-@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
-def test_stats_early_candidate_compiles_clean(head_dim, grouped):
-    # The sweep's candidate: LSE and D held in registers must not spill nor serialise.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True, grouped), stats_early=True))
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
