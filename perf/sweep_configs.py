@@ -35,7 +35,16 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     128: [dict(), dict(deterministic=True)],
     256: [dict(), dict(deterministic=True)],
 }
+# FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
+# tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
+# flash4's whole FP8 call (V's layout pass included) and cuDNN's FP8 attention.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(tile_n=192), dict(tile_n=256), dict(consumer_warpgroups=3), dict(pingpong=False)],
+    128: [dict(), dict(tile_n=160), dict(tile_n=192), dict(pingpong=False), dict(persistent=False)],
+    256: [dict(), dict(pingpong=True), dict(persistent=True)],
+}
 PEERS = ("sdpa-cudnn", "fa4")
+FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
 
 def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callable[..., bench.Prepared]:
@@ -57,6 +66,45 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
 
         def check(result: torch.Tensor) -> torch.Tensor:
             diffs[label] = float((result - expected).abs().max())
+            return result
+
+        return run, check
+
+    return prepare
+
+
+def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callable[..., bench.Prepared]:
+    """A bench provider running ``entry``'s FP8 kernel alone: quantization and V's layout
+    are done beforehand; its distance to SDPA's bf16 output goes to ``diffs``."""
+
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+        from flash4.fp8 import OUT_DTYPE, tile_descales
+        from flash4.quantize import fp8_value_layout, quantize_fp8
+
+        config = entry.config
+        kernel = compiled_forward(entry)
+        q8, k8, v8 = quantize_fp8(q, config.tile_m), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
+        batch, seqlen_q, heads, _ = q.shape
+        kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // config.tile_m), -(-k.shape[1] // config.tile_n)
+        vt = fp8_value_layout(v8.values)
+        descales = (
+            tile_descales(q8, batch, heads, blocks_q),
+            tile_descales(k8, batch, kv_heads, blocks_k),
+            tile_descales(v8, batch, kv_heads, blocks_k),
+        )
+        out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device)
+        lse = torch.empty(batch, heads, seqlen_q, device=q.device)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=scale
+        ).transpose(1, 2)
+        sms = device_sms(q.device.index or 0)
+
+        def run() -> torch.Tensor:
+            kernel(q8.values, k8.values, vt, out, lse, *descales, scale * LOG2_E, sms)
+            return out
+
+        def check(result: torch.Tensor) -> torch.Tensor:
+            diffs[label] = float((result.float() - expected.float()).pow(2).mean().sqrt())
             return result
 
         return run, check
@@ -100,7 +148,7 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, nargs="+", default=sorted(CANDIDATES))
     parser.add_argument("--causal", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fp8"), default="fwd")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
     causal_modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
@@ -115,14 +163,22 @@ def main() -> None:
             for change in BACKWARD_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
                 providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
+        elif args.pass_ == "fp8":
+            from flash4.dispatch import FP8_DTYPE
+
+            base = select("sm_90a", FP8_DTYPE, shape.head_dim, shape.causal, shape.seqlen)
+            for change in FP8_CANDIDATES[shape.head_dim]:
+                label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
+                config = dataclasses.replace(base.config, **change)
+                providers[label] = fp8_candidate(dataclasses.replace(base, config=config), diffs, label)
         else:
             base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
             for change in CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 config = dataclasses.replace(base.config, **change)
                 providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
-        peers = bench.BACKWARD_PROVIDERS if backward else bench.PROVIDERS
-        providers.update({name: peers[name] for name in PEERS})
+        peers = bench.PASS_PROVIDERS[args.pass_]
+        providers.update({name: peers[name] for name in (FP8_PEERS if args.pass_ == "fp8" else PEERS)})
         record = bench.measure_shape(shape, timer, providers=providers, rounds=args.rounds)
         cells = []
         for name, m in record.results.items():
