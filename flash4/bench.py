@@ -272,12 +272,25 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 
 def _flash4_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
-    """The FP8 kernel (and V's layout pass) on inputs quantized beforehand, as
-    flash_attn_fp8 quantizes them (without the Hadamard rotation)."""
-    from flash4.fp8 import FP8_BLOCK, flash_attn_fp8_quantized
+    """The FP8 kernel on inputs quantized beforehand as flash_attn_fp8 quantizes them
+    (without the Hadamard rotation), V laid out for the kernel beforehand too
+    (transpose_fp8_v), as a cache of quantized keys and values keeps them."""
+    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
+    from flash4.quantize import quantize_fp8, transpose_fp8_v
+
+    blocks = fp8_blocks(q.shape[-1])
+    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), transpose_fp8_v(quantize_fp8(v, None))
+    return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
+
+
+def _flash4_fp8_v_per_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    """As the flash4 FP8 provider, but V given as (batch, seqlen, heads, head_dim), as
+    flash_attn_func's e4m3 inputs come: V's layout pass runs on every call."""
+    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
     from flash4.quantize import quantize_fp8
 
-    q8, k8, v8 = quantize_fp8(q, FP8_BLOCK), quantize_fp8(k, FP8_BLOCK), quantize_fp8(v, None)
+    blocks = fp8_blocks(q.shape[-1])
+    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), quantize_fp8(v, None)
     return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 
@@ -401,6 +414,7 @@ BACKWARD_PROVIDERS: dict[str, Callable[..., Prepared]] = {
 }
 FP8_PROVIDERS: dict[str, Callable[..., Prepared]] = {
     FLASH4: _flash4_fp8,
+    "flash4-v-per-call": _flash4_fp8_v_per_call,
     "flash4-quantizing": _flash4_fp8_quantizing,
     "flash4-bf16": _flash4,
     **_checkout_peers("FP8_PROVIDERS"),

@@ -20,10 +20,6 @@ _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
-# Keys per KV block of the FP8 kernel at every head dim: a multiple of its wgmma's k-step
-# (32), equal to the query tile so that Q, K and V share one descale block size, and at
-# head dim 256 still within shared memory (Q, O of its own, a two-stage K/V ring: 225 KiB).
-FP8_TILE_N = 128
 
 
 @dataclass(frozen=True)
@@ -89,15 +85,25 @@ def _sm90_rows() -> Iterable[KernelEntry]:
                     )
 
 
+# The FP8 kernel's tile per head dim, chosen with perf/sweep_configs.py --pass fp8 on the
+# H200 (2026-11-29, the kernel alone, full, TFLOP/s at seqlen 1k / 16k, against 128x128
+# tiles with ping-pong, persistent below head dim 256): head dim 64 three 64-row consumer
+# warpgroups (383/449 -> 416/580; 256 keys per block gave 407/529); head dim 128 160 keys
+# per block (622/730 -> 650/855; 192 keys 615/829); head dim 256 persistent (895/1150 ->
+# 981/1153). Q's descale blocks are the query tile, K's and V's the key tile (multiples of
+# the FP8 wgmma's 32-deep k-step); causal takes the same tiles, so a head dim has one
+# block size whatever the mask.
+_SM90_FP8_CONFIGS: dict[int, dict] = {
+    64: dict(tile_n=128, consumer_warpgroups=3, persistent=True),
+    128: dict(tile_n=160, persistent=True),
+    256: dict(tile_n=128, pingpong=False, persistent=True),
+}
+
+
 def _sm90_fp8_rows() -> Iterable[KernelEntry]:
-    """The FP8 forward [not yet run on a GPU; no sweep has chosen these]: the 16-bit
-    kernel's ping-pong and persistence choices per head dim, with FP8_TILE_N."""
-    for head_dim in _SM90_TILE_N:
+    for head_dim, choices in _SM90_FP8_CONFIGS.items():
         for causal in (False, True):
-            config = Sm90ForwardConfig(
-                head_dim=head_dim, tile_n=FP8_TILE_N, causal=causal,
-                pingpong=head_dim != 256, persistent=head_dim != 256, fp8=True,
-            )
+            config = Sm90ForwardConfig(head_dim=head_dim, causal=causal, fp8=True, **choices)
             yield KernelEntry(
                 arch="sm_90a", dtype=FP8_DTYPE, head_dim=head_dim, causal=causal,
                 kernel="kernels.sm90_fwd_fp8.Sm90Fp8ForwardKernel", config=config,

@@ -2,28 +2,47 @@
 (kernels/sm90_fwd_fp8.py), bf16 out. Forward only.
 
 ``flash_attn_fp8(q, k, v)`` takes 16-bit tensors, quantizes them (Q and K with one descale
-per 128 rows of each head, optionally after the Hadamard rotation; V with one per tensor)
-and runs the kernel.
-``flash_attn_fp8_quantized`` takes what ``flash4.quantize_fp8`` returned, blockwise
-(``block=FP8_BLOCK``) or per tensor (``block=None``).
+per tile of rows of each head, optionally after the Hadamard rotation; V with one per
+tensor) and runs the kernel.
+``flash_attn_fp8_quantized`` takes what ``flash4.quantize_fp8`` returned, blockwise (Q per
+``fp8_blocks(head_dim).q`` rows, K and V per ``.kv`` rows: the kernel's query and key tiles)
+or per tensor (``block=None``); V may come laid out beforehand (``transpose_fp8_v``).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
 from flash4.compiler import compiled_forward
-from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, FP8_TILE_N, select
+from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select
 from flash4.interface import LOG2_E, device_arch, device_sms
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
-from flash4.quantize import Fp8Tensor, fp8_value_layout, quantize_fp8
+from flash4.quantize import Fp8Tensor, Fp8TransposedV, fp8_value_layout, quantize_fp8, transpose_fp8_v
 
-# Rows per descale: the FP8 kernel's query tile and key tile, so each tile reads one.
-FP8_BLOCK = FP8_TILE_N
 OUT_DTYPE = getattr(torch, FP8_OUT_DTYPE)
+# V's keys are padded to whole groups of this many (the FP8 wgmma's k-step) in its layout.
+FP8_KEY_GROUP = 32
+
+
+class Fp8Blocks(NamedTuple):
+    """Rows per blockwise descale at one head dim: ``q`` for Q (the FP8 kernel's query
+    tile), ``kv`` for K and V (its key tile), so that each tile reads one descale."""
+
+    q: int
+    kv: int
+
+
+def fp8_blocks(head_dim: int) -> Fp8Blocks:
+    """The descale block sizes the FP8 kernel reads at ``head_dim`` (its selector rows)."""
+    for row in TABLE:
+        if row.dtype == FP8_DTYPE and row.head_dim == head_dim:
+            return Fp8Blocks(row.config.tile_m, row.config.tile_n)
+    heads = sorted({row.head_dim for row in TABLE if row.dtype == FP8_DTYPE})
+    raise ValueError(f"head_dim={head_dim}: the FP8 kernel supports head dims {heads}")
 
 
 def flash_attn_fp8(
@@ -36,8 +55,9 @@ def flash_attn_fp8(
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of bf16/fp16 q, k, v (as ``flash_attn_func`` takes them) computed in FP8:
-    Q and K are quantized to e4m3 with one descale per 128 rows of a head (rotated first
-    when ``hadamard``), V with one descale for the tensor, then the FP8 kernel runs. Returns
+    Q and K are quantized to e4m3 with one descale per tile of rows of a head (``fp8_blocks``;
+    rotated first when ``hadamard``), V with one descale for the tensor, then the FP8 kernel
+    runs. Returns
     bf16 ``out`` (and float32 ``lse``). Not differentiable.
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
@@ -53,10 +73,11 @@ def flash_attn_fp8(
         raise NotImplementedError(
             "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
         )
+    blocks = fp8_blocks(problem.head_dim)
     return flash_attn_fp8_quantized(
-        quantize_fp8(q, FP8_BLOCK, hadamard),
-        quantize_fp8(k, FP8_BLOCK, hadamard),
-        quantize_fp8(v, None),
+        quantize_fp8(q, blocks.q, hadamard),
+        quantize_fp8(k, blocks.kv, hadamard),
+        transpose_fp8_v(quantize_fp8(v, None)),
         problem.softmax_scale,
         causal,
         return_lse,
@@ -66,13 +87,15 @@ def flash_attn_fp8(
 def flash_attn_fp8_quantized(
     q: Fp8Tensor,
     k: Fp8Tensor,
-    v: Fp8Tensor,
+    v: Fp8Tensor | Fp8TransposedV,
     softmax_scale: float | None = None,
     causal: bool = False,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The FP8 kernel on ``quantize_fp8``'s outputs: descales per ``FP8_BLOCK`` rows or per
-    tensor, each of q, k, v on its own; q and k both rotated or neither, v never."""
+    """The FP8 kernel on ``quantize_fp8``'s outputs: descales per tile of rows
+    (``fp8_blocks``) or per tensor, each of q, k, v on its own; q and k both rotated or
+    neither, v never. V given as an Fp8Tensor is laid out for the kernel on every call (a
+    pass over V); ``transpose_fp8_v`` does that once, for V read by many calls."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
@@ -88,7 +111,7 @@ def flash_attn_fp8_quantized(
     same = device.index == torch.cuda.current_device()
     with contextlib.nullcontext() if same else torch.cuda.device(device):
         kernel(
-            q.values, k.values, fp8_value_layout(v.values), out, lse,
+            q.values, k.values, v.values if isinstance(v, Fp8TransposedV) else fp8_value_layout(v.values), out, lse,
             tile_descales(q, batch, heads, q_blocks),
             tile_descales(k, batch, problem.kv_heads, kv_blocks),
             tile_descales(v, batch, problem.kv_heads, kv_blocks),
@@ -101,31 +124,49 @@ def check_fp8_args(q: object, k: object, v: object, softmax_scale: object, causa
     """Validate ``flash_attn_fp8_quantized``'s arguments before any launch, naming the culprit."""
     named = (("q", q), ("k", k), ("v", v))
     for name, t in named:
-        if not isinstance(t, Fp8Tensor):
-            raise TypeError(f"{name} must be a flash4.Fp8Tensor (from flash4.quantize_fp8), got {type(t).__name__}")
+        allowed = (Fp8Tensor, Fp8TransposedV) if name == "v" else (Fp8Tensor,)
+        if not isinstance(t, allowed):
+            what = " or flash4.Fp8TransposedV (from transpose_fp8_v)" if name == "v" else ""
+            raise TypeError(
+                f"{name} must be a flash4.Fp8Tensor (from flash4.quantize_fp8){what}, got {type(t).__name__}"
+            )
         if not isinstance(t.values, torch.Tensor) or t.values.dtype != TORCH_FP8_DTYPE or t.values.dim() != 4:
-            raise ValueError(f"{name}.values must be a 4-D {TORCH_FP8_DTYPE} tensor (batch, seqlen, heads, head_dim)")
+            layout = "(batch, kv_heads, head_dim, keys)" if isinstance(t, Fp8TransposedV) else "(batch, seqlen, heads, head_dim)"
+            raise ValueError(f"{name}.values must be a 4-D {TORCH_FP8_DTYPE} tensor {layout}")
         if not t.values.is_contiguous():
             raise ValueError(f"{name}.values must be contiguous, as quantize_fp8 returns it")
-        if t.block not in (FP8_BLOCK, None):
+    if q.hadamard != k.hadamard:
+        raise ValueError("q and k must both be rotated (hadamard=True) or neither: QKᵀ is kept only then")
+    if isinstance(v, Fp8TransposedV):
+        batch, seqlen_k, kv_heads, head_dim = k.values.shape
+        padded = -(-seqlen_k // FP8_KEY_GROUP) * FP8_KEY_GROUP
+        if tuple(v.values.shape) != (batch, kv_heads, head_dim, padded) or v.seqlen != seqlen_k:
             raise ValueError(
-                f"{name}.block is {t.block}: the FP8 kernel reads one descale per {FP8_BLOCK} rows "
-                f"(quantize_fp8(x, block={FP8_BLOCK})) or one per tensor (block=None)"
+                f"v (transposed) must hold k's keys: values of shape {(batch, kv_heads, head_dim, padded)} and "
+                f"seqlen {seqlen_k}, got {tuple(v.values.shape)} and seqlen {v.seqlen}"
             )
-        batch, seqlen, heads, _ = t.values.shape
-        expected = () if t.block is None else (batch, heads, -(-seqlen // t.block))
+        check_shapes(q.values, k.values, k.values)
+    else:
+        if v.hadamard:
+            raise ValueError("v must not be rotated (hadamard=False): rotating V would rotate the output")
+        check_shapes(q.values, k.values, v.values)
+    batch, seqlen_q, heads, head_dim = q.values.shape
+    _, seqlen_k, kv_heads, _ = k.values.shape
+    blocks = fp8_blocks(head_dim)
+    for name, t, rows, nheads, seqlen in (
+        ("q", q, blocks.q, heads, seqlen_q), ("k", k, blocks.kv, kv_heads, seqlen_k), ("v", v, blocks.kv, kv_heads, seqlen_k)
+    ):
+        if t.block not in (rows, None):
+            raise ValueError(
+                f"{name}.block is {t.block}: at head_dim={head_dim} the FP8 kernel reads one descale per {rows} rows "
+                f"(quantize_fp8(x, block={rows}), see flash4.fp8.fp8_blocks) or one per tensor (block=None)"
+            )
+        expected = () if t.block is None else (batch, nheads, -(-seqlen // t.block))
         if tuple(t.descale.shape) != expected or t.descale.dtype != torch.float32 or not t.descale.is_contiguous():
             raise ValueError(
                 f"{name}.descale must be a contiguous float32 tensor of shape {expected}, got "
                 f"{t.descale.dtype} {tuple(t.descale.shape)}"
             )
-    if q.hadamard != k.hadamard:
-        raise ValueError("q and k must both be rotated (hadamard=True) or neither: QKᵀ is kept only then")
-    if v.hadamard:
-        raise ValueError("v must not be rotated (hadamard=False): rotating V would rotate the output")
-    check_shapes(q.values, k.values, v.values)
-    batch, seqlen_q, heads, head_dim = q.values.shape
-    _, seqlen_k, kv_heads, _ = k.values.shape
     scale = resolve_softmax_scale(softmax_scale, head_dim)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")

@@ -64,9 +64,10 @@ def flash_attn_func(
     way.
 
     FP8: e4m3 q, k, v with their float32 descales (``x ≈ values * descale``), each either
-    one per tensor (shape ()) or one per 128 rows of each head ((batch, heads,
-    ceil(seqlen / 128)), what ``quantize_fp8(x, 128)`` gives), run the FP8 kernel (see
-    ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
+    one per tensor (shape ()) or one per block of rows of each head ((batch, heads,
+    ceil(seqlen / block)), what ``quantize_fp8(x, block)`` gives; the block is the FP8
+    kernel's tile: ``flash4.fp8.fp8_blocks(head_dim)``, ``.q`` for q, ``.kv`` for k and v),
+    run the FP8 kernel (see ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
     """
     if q_descale is not None or k_descale is not None or v_descale is not None:
         return _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse)
@@ -93,17 +94,21 @@ def flash_attn_func(
 
 def _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse):
     """flash_attn_func with descales: the FP8 kernel on e4m3 inputs."""
-    from flash4.fp8 import FP8_BLOCK, flash_attn_fp8_quantized
+    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
     from flash4.quantize import Fp8Tensor
 
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError("q must be a 4-D e4m3 tensor (batch, seqlen, heads, head_dim) when descales are given")
+    blocks = fp8_blocks(q.shape[-1])
     quantized = []
-    for name, values, descale in (("q", q, q_descale), ("k", k, k_descale), ("v", v, v_descale)):
+    for name, values, descale, rows in (("q", q, q_descale, blocks.q), ("k", k, k_descale, blocks.kv),
+                                        ("v", v, v_descale, blocks.kv)):
         if not isinstance(descale, torch.Tensor):
             raise TypeError(
-                f"{name}_descale must be a float32 tensor (one per tensor, or one per {FP8_BLOCK} rows of each "
+                f"{name}_descale must be a float32 tensor (one per tensor, or one per {rows} rows of each "
                 f"head) when any descale is given, got {type(descale).__name__}"
             )
-        quantized.append(Fp8Tensor(values, descale, None if descale.dim() == 0 else FP8_BLOCK, False))
+        quantized.append(Fp8Tensor(values, descale, None if descale.dim() == 0 else rows, False))
     return flash_attn_fp8_quantized(*quantized, softmax_scale=softmax_scale, causal=causal, return_lse=return_lse)
 
 

@@ -115,6 +115,44 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     return Fp8Tensor((x / per_row).to(FP8_DTYPE), descale, block, hadamard)
 
 
+class Fp8TransposedV(NamedTuple):
+    """V quantized and laid out as the FP8 kernel reads it (``transpose_fp8_v``), for V
+    that is quantized once and read by many calls, as a KV cache is: ``values`` (batch,
+    kv_heads, head_dim, keys) with the keys contiguous, zero-padded to whole groups of 32
+    and renamed within each group (``fp8_value_layout``); ``descale``, ``block`` as in the
+    Fp8Tensor it came from; ``seqlen`` the keys before padding."""
+
+    values: Tensor
+    descale: Tensor
+    block: int | None
+    seqlen: int
+
+    def dequantize(self) -> Tensor:
+        """float32 (batch, seqlen, heads, head_dim), as the Fp8Tensor's dequantize gives it."""
+        return self.untransposed().dequantize()
+
+    def untransposed(self) -> Fp8Tensor:
+        """The Fp8Tensor it was made from: V in (batch, seqlen, heads, head_dim)."""
+        order = _key_order(self.values.device)
+        batch, heads, head_dim, padded = self.values.shape
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        raw = self.values.view(torch.uint8).permute(0, 3, 1, 2)
+        keys = raw.reshape(batch, padded // order.numel(), order.numel(), heads, head_dim)[:, :, inverse]
+        values = keys.reshape(batch, padded, heads, head_dim)[:, : self.seqlen].contiguous().view(FP8_DTYPE)
+        return Fp8Tensor(values, self.descale, self.block, False)
+
+
+def transpose_fp8_v(v: Fp8Tensor) -> Fp8TransposedV:
+    """V (from ``quantize_fp8``, not rotated) in the FP8 kernel's layout: one pass over V,
+    which ``flash_attn_fp8_quantized`` otherwise makes on every call."""
+    if not isinstance(v, Fp8Tensor):
+        raise TypeError(f"v must be a flash4.Fp8Tensor (from flash4.quantize_fp8), got {type(v).__name__}")
+    if v.hadamard:
+        raise ValueError("v must not be rotated (hadamard=False): rotating V would rotate the output")
+    return Fp8TransposedV(fp8_value_layout(v.values), v.descale, v.block, v.values.shape[1])
+
+
 def fp8_value_layout(values: Tensor) -> Tensor:
     """V's e4m3 values as the FP8 kernel reads them: (batch, kv_heads, head_dim, keys) with
     the keys contiguous (FP8 wgmma reads its B operand K-major), padded with zeros to whole

@@ -353,11 +353,12 @@ def fp8_attention(
 
 def fp8_blockwise_attention(
     q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor, softmax_scale: float | None = None, causal: bool = False,
-    block: int = 128,
+    block_m: int = 128, block_n: int = 128,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 kernel's algorithm (kernels/sm90_fwd_fp8.py with BlockScaledSoftmax) tile by
     tile, in float64: the model the kernel must match. Returns (out, lse) like
-    :func:`attention`; descales are per ``block`` rows (the kernel's tiles) or per tensor.
+    :func:`attention`; the tiles are ``block_m`` queries by ``block_n`` keys, and descales
+    are per tile (Q's per block_m rows, K's and V's per block_n) or per tensor.
 
     Each block of query rows walks its key blocks from the last to the first, as the kernel
     does. Scores are e4m3 products (exact here) times scale·log2(e) and the two descales;
@@ -371,7 +372,7 @@ def fp8_blockwise_attention(
     scale = default_softmax_scale(head_dim) if softmax_scale is None else softmax_scale
     diagonal_offset = seqlen_k - seqlen_q
 
-    def per_block(t: Fp8Tensor, seqlen: int, nheads: int) -> Tensor:
+    def per_block(t: Fp8Tensor, seqlen: int, nheads: int, block: int) -> Tensor:
         blocks = -(-seqlen // block)
         if t.block is None:
             return t.descale.double().reshape(1, 1, 1).expand(batch, nheads, blocks)
@@ -379,23 +380,27 @@ def fp8_blockwise_attention(
             raise ValueError(f"descales per {t.block} rows; this model reads one per {block} rows or per tensor")
         return t.descale.double()
 
-    q_descale = per_block(q, seqlen_q, heads)
-    k_descale = _expand_kv_heads(per_block(k, seqlen_k, k8.shape[2]).transpose(1, 2), heads).transpose(1, 2)
-    v_descale = _expand_kv_heads(per_block(v, seqlen_k, k8.shape[2]).transpose(1, 2), heads).transpose(1, 2)
+    kv_heads = k8.shape[2]
+    q_descale = per_block(q, seqlen_q, heads, block_m)
+    k_descale, v_descale = (
+        _expand_kv_heads(per_block(t, seqlen_k, kv_heads, block_n).transpose(1, 2), heads).transpose(1, 2)
+        for t in (k, v)
+    )
     q8 = q8.transpose(1, 2)
     k8, v8 = (_expand_kv_heads(t, heads).transpose(1, 2) for t in (k8, v8))
     out = torch.empty(batch, heads, seqlen_q, head_dim, dtype=torch.float64, device=q8.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float64, device=q8.device)
-    for m_block, m_start in enumerate(range(0, seqlen_q, block)):
-        m_end = min(m_start + block, seqlen_q)
+    for m_block, m_start in enumerate(range(0, seqlen_q, block_m)):
+        m_end = min(m_start + block_m, seqlen_q)
         rows = m_end - m_start
         row_max = torch.full((batch, heads, rows), -math.inf, dtype=torch.float64, device=q8.device)
         row_sum = torch.zeros_like(row_max)
         acc = torch.zeros(batch, heads, rows, head_dim, dtype=torch.float64, device=q8.device)
         v_ref = None
         keys_seen = min(seqlen_k, m_end + diagonal_offset) if causal else seqlen_k
-        for n_block in reversed(range(-(-max(keys_seen, 0) // block))):
-            n_start, n_end = n_block * block, min(n_block * block + block, seqlen_k)
+        for n_block in reversed(range(-(-max(keys_seen, 0) // block_n))):
+            n_start = n_block * block_n
+            n_end = min(n_start + block_n, seqlen_k)
             block_scale = (scale * LOG2_E * q_descale[:, :, m_block] * k_descale[:, :, n_block])[..., None, None]
             scores = (q8[:, :, m_start:m_end] @ k8[:, :, n_start:n_end].transpose(-1, -2)) * block_scale
             if causal:

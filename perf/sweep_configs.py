@@ -37,11 +37,11 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
-# flash4's whole FP8 call (V's layout pass included) and cuDNN's FP8 attention.
+# flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(tile_n=192), dict(tile_n=256), dict(consumer_warpgroups=3), dict(pingpong=False)],
-    128: [dict(), dict(tile_n=160), dict(tile_n=192), dict(pingpong=False), dict(persistent=False)],
-    256: [dict(), dict(pingpong=True), dict(persistent=True)],
+    64: [dict(), dict(consumer_warpgroups=2), dict(pingpong=False)],
+    128: [dict(), dict(tile_n=128), dict(pingpong=False)],
+    256: [dict(), dict(persistent=False)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")

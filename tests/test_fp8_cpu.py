@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from flash4 import dispatch
-from flash4.fp8 import FP8_BLOCK, check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, tile_descales
+from flash4.fp8 import check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, fp8_blocks, tile_descales
 from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
 from flash4.kernels.online_softmax import E4M3_MAX
-from flash4.quantize import FP8_MAX, fp8_value_layout, quantize_fp8
+from flash4.quantize import FP8_MAX, fp8_value_layout, quantize_fp8, transpose_fp8_v
 
 FP8_ROWS = [row for row in dispatch.TABLE if row.dtype == dispatch.FP8_DTYPE]
 
@@ -80,15 +80,16 @@ def test_tile_descales_repeat_a_per_tensor_descale():
     q = quantize_fp8(torch.randn(2, 300, 3, 64), None)
     d = tile_descales(q, 2, 3, 3)
     assert d.shape == (2, 3, 3) and d.is_contiguous() and torch.equal(d, q.descale.expand(2, 3, 3))
-    blockwise = quantize_fp8(torch.randn(2, 300, 3, 64), FP8_BLOCK)
+    blockwise = quantize_fp8(torch.randn(2, 300, 3, 64), 128)
     assert tile_descales(blockwise, 2, 3, 3) is blockwise.descale
 
 
 def _quantized(seqlen_q=10, seqlen_k=12, heads=4, kv_heads=2, head_dim=64):
+    blocks = fp8_blocks(head_dim)
     return (
-        quantize_fp8(torch.randn(1, seqlen_q, heads, head_dim), FP8_BLOCK),
-        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), FP8_BLOCK),
-        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), FP8_BLOCK),
+        quantize_fp8(torch.randn(1, seqlen_q, heads, head_dim), blocks.q),
+        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), blocks.kv),
+        quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), blocks.kv),
     )
 
 
@@ -96,8 +97,17 @@ def test_fp8_checks_name_the_argument():
     q, k, v = _quantized()
     with pytest.raises(TypeError, match=r"^q must be a flash4.Fp8Tensor"):
         check_fp8_args(q.values, k, v, None, False)
-    with pytest.raises(ValueError, match=r"^k.block is 64: .*block=128"):
+    with pytest.raises(ValueError, match=r"^k.block is 64: at head_dim=64 .* one descale per 128 rows .*block=128"):
         check_fp8_args(q, quantize_fp8(torch.randn(1, 12, 2, 64), 64), v, None, False)
+    with pytest.raises(ValueError, match=r"^q.block is 128: at head_dim=64 .*block=192"):
+        check_fp8_args(quantize_fp8(torch.randn(1, 10, 4, 64), 128), k, v, None, False)
+    with pytest.raises(TypeError, match=r"^v must be a flash4.Fp8Tensor .* or flash4.Fp8TransposedV"):
+        check_fp8_args(q, k, v.values, None, False)
+    vt = transpose_fp8_v(v)
+    with pytest.raises(ValueError, match=r"^v \(transposed\) must hold k's keys: .*\(1, 2, 64, 32\) and seqlen 12"):
+        check_fp8_args(q, k, vt._replace(seqlen=11), None, False)
+    with pytest.raises(ValueError, match=r"^v.descale must be a contiguous float32 tensor of shape \(1, 2, 1\)"):
+        check_fp8_args(q, k, vt._replace(descale=vt.descale.repeat(1, 1, 2)), None, False)
     with pytest.raises(ValueError, match=r"^v.values must be a 4-D torch.float8_e4m3fn"):
         check_fp8_args(q, k, v._replace(values=v.values.float()), None, False)
     with pytest.raises(ValueError, match=r"^q.descale must be a contiguous float32 tensor of shape \(1, 4, 1\)"):
@@ -113,8 +123,9 @@ def test_fp8_checks_name_the_argument():
     with pytest.raises(TypeError, match=r"^causal must be a bool"):
         check_fp8_args(q, k, v, None, 1)
     # Everything but the device is right: CPU tensors fail only there.
-    with pytest.raises(ValueError, match=r"CUDA"):
-        check_fp8_args(q, k, v, None, False)
+    for value in (v, vt):
+        with pytest.raises(ValueError, match=r"CUDA"):
+            check_fp8_args(q, k, value, None, False)
     with pytest.raises(TypeError, match=r"^return_lse must be a bool"):
         flash_attn_fp8_quantized(q, k, v, return_lse=1)
 
@@ -128,10 +139,32 @@ def test_flash_attn_fp8_checks_before_quantizing():
 
 
 def test_selector_has_an_fp8_row_per_case_with_one_descale_block():
+    # One row per (head dim, mask), whatever the length, with the same tiles for both masks:
+    # the descale blocks (the tiles) of a head dim never depend on the call.
     assert {(r.head_dim, r.causal) for r in FP8_ROWS} == {(d, c) for d in (64, 128, 256) for c in (False, True)}
     for row in FP8_ROWS:
-        assert row.config.fp8 and row.config.tile_m == row.config.tile_n == FP8_BLOCK
-        assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, 5000) == row
+        config = row.config
+        assert config.fp8 and fp8_blocks(row.head_dim) == (config.tile_m, config.tile_n)
+        assert config.tile_m % 64 == 0 and config.tile_n % 32 == 0
+        for seqlen in (1, 5000, 100_000):
+            assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) == row
+    with pytest.raises(ValueError, match=r"^head_dim=96: the FP8 kernel supports head dims \[64, 128, 256\]"):
+        fp8_blocks(96)
+
+
+@pytest.mark.parametrize("seqlen", (1, 17, 32, 100))
+def test_transposed_v_is_the_kernel_layout_and_comes_back(seqlen):
+    v8 = quantize_fp8(torch.randn(2, seqlen, 3, 64), 128)
+    vt = transpose_fp8_v(v8)
+    assert torch.equal(vt.values.view(torch.uint8), fp8_value_layout(v8.values).view(torch.uint8))
+    assert vt.seqlen == seqlen and vt.descale is v8.descale and vt.block == 128
+    back = vt.untransposed()
+    assert torch.equal(back.values.view(torch.uint8), v8.values.view(torch.uint8)) and back.block == 128
+    assert torch.equal(vt.dequantize(), v8.dequantize())
+    with pytest.raises(ValueError, match=r"^v must not be rotated"):
+        transpose_fp8_v(v8._replace(hadamard=True))
+    with pytest.raises(TypeError, match=r"^v must be a flash4.Fp8Tensor"):
+        transpose_fp8_v(v8.values)
 
 
 @pytest.mark.parametrize("entry", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}" for r in FP8_ROWS])

@@ -24,7 +24,7 @@ from gpu_helpers import poison_allocator
 
 import flash4
 from flash4 import reference
-from flash4.fp8 import FP8_BLOCK
+from flash4.fp8 import fp8_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,9 @@ def _rms(x: torch.Tensor) -> float:
 def _check(q8, k8, v8, causal, out, lse):
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
-    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block=FP8_BLOCK)[0].to(torch.bfloat16)
+    blocks = fp8_blocks(qd.shape[-1])
+    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv)[0]
+    model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
     bound = RMSE_SLACK * _rms(model - exact) + BF16_HALF_STEP * _rms(exact)
     assert _rms(out - exact) <= bound, f"RMSE {_rms(out - exact):.3g} > {bound:.3g} (model {_rms(model - exact):.3g})"
@@ -78,8 +80,9 @@ def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, hea
         torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
     )
-    q8, k8 = (flash4.quantize_fp8(t, FP8_BLOCK, hadamard) for t in (q, k))
-    v8 = flash4.quantize_fp8(v, FP8_BLOCK)
+    blocks = fp8_blocks(head_dim)
+    q8, k8 = flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard)
+    v8 = flash4.quantize_fp8(v, blocks.kv)
     poison_allocator()
     out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     torch.cuda.synchronize()
@@ -91,9 +94,10 @@ def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, hea
 def test_per_tensor_descales(head_dim, blocks):
     # One tensor per tensor-scaled at a time (or all of them): each descale path alone.
     q, k, v = (torch.randn(1, 700, 4, head_dim, device="cuda") * scale for scale in (1.0, 3.0, 0.2))
+    rows = fp8_blocks(head_dim)
     q8, k8, v8 = (
-        flash4.quantize_fp8(t, None if blocks in (name, "none") else FP8_BLOCK)
-        for name, t in (("q", q), ("k", k), ("v", v))
+        flash4.quantize_fp8(t, None if blocks in (name, "none") else block)
+        for name, t, block in (("q", q, rows.q), ("k", k, rows.kv), ("v", v, rows.kv))
     )
     poison_allocator()
     out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, return_lse=True)
@@ -102,15 +106,18 @@ def test_per_tensor_descales(head_dim, blocks):
 
 
 def test_flash_attn_fp8_quantizes_and_runs():
-    # From bf16 inputs: quantized as documented (Q, K per 128 rows after the rotation, V per
-    # tensor), the result errs against the exact attention of the unquantized inputs as the
+    # From bf16 inputs: quantized as documented (Q, K per tile of rows after the rotation, V
+    # per tensor), the result errs against the exact attention of the unquantized inputs as the
     # kernel's algorithm on those quantized inputs does (about 5% of the output's RMS here,
     # mostly V's rounding in the first causal rows, which see few keys).
     q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True)
     exact, _ = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
-    q8, k8 = (flash4.quantize_fp8(t, FP8_BLOCK, True) for t in (q, k))
-    model = reference.fp8_blockwise_attention(q8, k8, flash4.quantize_fp8(v, None), causal=True)[0]
+    blocks = fp8_blocks(128)
+    q8, k8 = flash4.quantize_fp8(q, blocks.q, True), flash4.quantize_fp8(k, blocks.kv, True)
+    model = reference.fp8_blockwise_attention(
+        q8, k8, flash4.quantize_fp8(v, None), causal=True, block_m=blocks.q, block_n=blocks.kv
+    )[0]
     bound = RMSE_SLACK * _rms(model.to(torch.bfloat16) - exact) + BF16_HALF_STEP * _rms(exact)
     assert out.dtype == torch.bfloat16 and _rms(out - exact) <= bound
     q.requires_grad_(True)
@@ -118,14 +125,21 @@ def test_flash_attn_fp8_quantizes_and_runs():
         flash4.flash_attn_fp8(q, k, v)
 
 
-def test_flash_attn_func_with_descales_is_the_fp8_kernel():
-    # e4m3 inputs with descales through flash_attn_func: the same kernel, the same bits.
-    q, k, v = (torch.randn(2, 700, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    q8, k8, v8 = flash4.quantize_fp8(q, FP8_BLOCK), flash4.quantize_fp8(k, FP8_BLOCK), flash4.quantize_fp8(v, None)
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
+    # e4m3 inputs with descales through flash_attn_func, and V laid out beforehand
+    # (transpose_fp8_v): the same kernel on the same bytes, the same bits out.
+    q, k, v = (torch.randn(2, 700, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    blocks = fp8_blocks(head_dim)
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=True)
+    vt = flash4.transpose_fp8_v(v8)
     poison_allocator()
     out, lse = flash4.flash_attn_func(
         q8.values, k8.values, v8.values, causal=True, return_lse=True,
         q_descale=q8.descale, k_descale=k8.descale, v_descale=v8.descale,
     )
+    out_t, lse_t = flash4.flash_attn_fp8_quantized(q8, k8, vt, causal=True, return_lse=True)
+    assert not want.isnan().any()
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert torch.equal(out_t, want) and torch.equal(lse_t, want_lse)
