@@ -102,17 +102,32 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
         raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    x = hadamard_rotate(x) if hadamard else x.float()
+    # Two reads for the largest magnitudes (max and min, no |x| written) and one pass that
+    # divides in float32 and rounds to e4m3 as it stores: no float32 copy of x.
+    x = hadamard_rotate(x) if hadamard else x
+    values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     if block is None:
-        descale = _descale(x.abs().amax())
-        return Fp8Tensor((x / descale).to(FP8_DTYPE), descale, None, hadamard)
+        descale = _descale(torch.maximum(x.amax(), -x.amin()).float())
+        # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
+        torch.div(x, descale.reshape(1), out=values)
+        return Fp8Tensor(values, descale, None, hadamard)
     batch, seqlen, heads, head_dim = x.shape
     blocks = -(-seqlen // block)
-    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, blocks * block - seqlen))
-    amax = padded.abs().view(batch, blocks, block, heads, head_dim).amax(dim=(2, 4))  # (b, blocks, h)
+    whole = seqlen // block
+    parts = [(slice(0, whole), x[:, : whole * block], values[:, : whole * block])] if whole else []
+    if blocks > whole:  # the last, partial block on its own: no padded copy of x
+        parts.append((slice(whole, blocks), x[:, whole * block :], values[:, whole * block :]))
+    amax = torch.empty(batch, blocks, heads, dtype=torch.float32, device=x.device)
+    for index, part, _ in parts:
+        rows = part.reshape(batch, -1, min(block, part.shape[1]), heads, head_dim)
+        amax[:, index] = torch.maximum(rows.amax(dim=(2, 4)), -rows.amin(dim=(2, 4)))
     descale = _descale(amax).transpose(1, 2).contiguous()  # (b, h, blocks)
-    per_row = descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2).unsqueeze(-1)
-    return Fp8Tensor((x / per_row).to(FP8_DTYPE), descale, block, hadamard)
+    for index, part, out in parts:
+        rows = part.shape[1] if index.start == whole else block
+        per_block = descale[:, :, index].transpose(1, 2).reshape(batch, -1, 1, heads, 1)
+        torch.div(part.reshape(batch, -1, rows, heads, head_dim), per_block,
+                  out=out.view(batch, -1, rows, heads, head_dim))
+    return Fp8Tensor(values, descale, block, hadamard)
 
 
 class Fp8TransposedV(NamedTuple):
@@ -157,28 +172,71 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     """V's e4m3 values as the FP8 kernel reads them: (batch, kv_heads, head_dim, keys) with
     the keys contiguous (FP8 wgmma reads its B operand K-major), padded with zeros to whole
     groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
-    holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel."""
+    holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel.
+
+    One strided copy: the order only permutes the bits of a key's index within its group,
+    so the whole layout is a view of V (``_kernel_layout_view``); only a last partial group
+    is padded, apart."""
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
-    order = _key_order(values.device)
-    group = order.numel()
+    group = 1 << len(_key_bit_order())
+    whole = seqlen // group * group
     padded = -(-seqlen // group) * group
-    # Zero padding through uint8: the same bits, and pad works on it everywhere.
-    raw = torch.nn.functional.pad(values.view(torch.uint8), (0, 0, 0, 0, 0, padded - seqlen))
-    renamed = raw.view(batch, padded // group, group, heads, head_dim)[:, :, order]
-    return renamed.reshape(batch, padded, heads, head_dim).permute(0, 2, 3, 1).contiguous().view(FP8_DTYPE)
+    # Through uint8: the same bits, and copy and pad work on it everywhere.
+    raw = values.view(torch.uint8)
+    out = torch.empty(batch, heads, head_dim, padded, dtype=torch.uint8, device=values.device)
+    if whole:
+        _kernel_layout_view(out[..., :whole]).copy_(_keys_by_position(raw[:, :whole]))
+    if padded > whole:
+        tail = torch.nn.functional.pad(raw[:, whole:], (0, 0, 0, 0, 0, padded - seqlen))
+        _kernel_layout_view(out[..., whole:]).copy_(_keys_by_position(tail))
+    return out.view(FP8_DTYPE)
+
+
+def _keys_by_position(x: Tensor) -> Tensor:
+    """x (batch, keys, heads, head_dim), keys a multiple of the group, as a view indexed
+    (batch, heads, head_dim, group, position bits from the highest): position p of a group
+    reads key FP8_PV_KEY_ORDER[p]."""
+    bits = _key_bit_order()
+    batch, keys, heads, head_dim = x.shape
+    # Dims 2 .. 2 + len(bits) - 1: the key's bits, the highest first.
+    split = x.reshape(batch, keys >> len(bits), *(2,) * len(bits), heads, head_dim)
+    top = len(bits) - 1
+    key_dims = [2 + top - bits[position_bit] for position_bit in reversed(range(len(bits)))]
+    return split.permute(0, 2 + len(bits), 3 + len(bits), 1, *key_dims)
+
+
+def _kernel_layout_view(out: Tensor) -> Tensor:
+    """out (batch, heads, head_dim, keys) viewed as (batch, heads, head_dim, group,
+    position bits from the highest), to receive ``_keys_by_position``."""
+    bits = len(_key_bit_order())
+    batch, heads, head_dim, keys = out.shape
+    return out.view(batch, heads, head_dim, keys >> bits, *(2,) * bits)
+
+
+@functools.lru_cache(maxsize=None)
+def _key_bit_order() -> tuple[int, ...]:
+    """For each bit i of a position within a group, the bit of the key it holds:
+    FP8_PV_KEY_ORDER[p] = sum over i of bit i of p moved to bit ``[i]``."""
+    from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
+
+    size = len(FP8_PV_KEY_ORDER)
+    bits = tuple(FP8_PV_KEY_ORDER[1 << i].bit_length() - 1 for i in range(size.bit_length() - 1))
+    moved = [sum(((p >> i) & 1) << bit for i, bit in enumerate(bits)) for p in range(size)]
+    if size & (size - 1) or list(FP8_PV_KEY_ORDER) != moved:
+        raise AssertionError("FP8_PV_KEY_ORDER must permute the bits of a key's index within its group")
+    return bits
 
 
 @functools.lru_cache(maxsize=None)
 def _key_order(device: torch.device) -> Tensor:
-    """FP8_PV_KEY_ORDER on ``device``, made once: a fresh copy per call would be a host to
-    device transfer on every attention call."""
+    """FP8_PV_KEY_ORDER on ``device``, made once (Fp8TransposedV.untransposed reads it)."""
     from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
 
     return torch.tensor(FP8_PV_KEY_ORDER, device=device)
 
 
 def _descale(amax: Tensor) -> Tensor:
-    """amax / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
+    """amax (float32) / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()

@@ -143,3 +143,19 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
     assert not want.isnan().any()
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     assert torch.equal(out_t, want) and torch.equal(lse_t, want_lse)
+
+
+@pytest.mark.parametrize("block", (None, 128, 192), ids=("tensor", "b128", "b192"))
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+def test_quantization_and_v_layout_on_the_gpu_are_the_cpus(block, hadamard):
+    # The same float32 divisions and e4m3 roundings on either device: the same bits, for a
+    # ragged length (a partial last block, a partial key group), from bf16.
+    x = torch.randn(2, 1000, 3, 128, dtype=torch.bfloat16) * 5
+    x[0, 7, 1, 3] = 300.0
+    got = flash4.quantize_fp8(x.cuda(), block, hadamard)
+    want = flash4.quantize_fp8(x, block, hadamard)
+    assert torch.equal(got.values.cpu().view(torch.uint8), want.values.view(torch.uint8))
+    assert torch.equal(got.descale.cpu(), want.descale)
+    if not hadamard:
+        got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(want)
+        assert torch.equal(got_t.values.cpu().view(torch.uint8), want_t.values.view(torch.uint8))
