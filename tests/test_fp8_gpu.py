@@ -147,15 +147,24 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
 
 @pytest.mark.parametrize("block", (None, 128, 192), ids=("tensor", "b128", "b192"))
 @pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
-def test_quantization_and_v_layout_on_the_gpu_are_the_cpus(block, hadamard):
-    # The same float32 divisions and e4m3 roundings on either device: the same bits, for a
-    # ragged length (a partial last block, a partial key group), from bf16.
-    x = torch.randn(2, 1000, 3, 128, dtype=torch.bfloat16) * 5
+def test_quantization_and_v_layout_on_the_gpu(block, hadamard):
+    # For a ragged length (a partial last block, a partial key group), from bf16: each
+    # descale is its block's largest magnitude over 448 (to an ulp: CUDA divides by a scalar
+    # through its reciprocal), each value the rotated input divided by its descale in float32
+    # and rounded to e4m3, exactly; V's layout is the CPU's, byte for byte.
+    from flash4.quantize import FP8_DTYPE, hadamard_rotate
+
+    x = torch.randn(2, 1000, 3, 128, dtype=torch.bfloat16, device="cuda") * 5
     x[0, 7, 1, 3] = 300.0
-    got = flash4.quantize_fp8(x.cuda(), block, hadamard)
-    want = flash4.quantize_fp8(x, block, hadamard)
-    assert torch.equal(got.values.cpu().view(torch.uint8), want.values.view(torch.uint8))
-    assert torch.equal(got.descale.cpu(), want.descale)
+    got = flash4.quantize_fp8(x, block, hadamard)
+    rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
+    assert torch.allclose(got.descale.cpu(), flash4.quantize_fp8(rotated, block).descale, rtol=2.0**-22, atol=0)
+    descale = got.descale.cpu()
+    if block is not None:
+        descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
+    want = (rotated / descale).to(FP8_DTYPE)
+    assert torch.equal(got.values.cpu().view(torch.uint8), want.view(torch.uint8))
     if not hadamard:
-        got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(want)
+        on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
+        got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(on_cpu)
         assert torch.equal(got_t.values.cpu().view(torch.uint8), want_t.values.view(torch.uint8))
