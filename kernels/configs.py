@@ -48,6 +48,12 @@ class Sm90ForwardConfig:
     # e4m3 Q, K and V (V given transposed, keys contiguous: FP8 wgmma reads both operands
     # K-major) with one descale per tile, and a 16-bit O (kernels/sm90_fwd_fp8.py).
     fp8: bool = False
+    # O is rescaled in the key loop only when some row of the warp raised its max (a warp
+    # vote and a uniform branch): after the first blocks the max rarely moves, and the
+    # rescale is one FMUL per O register per block, a tenth of the softmax's issue slots at
+    # head dim 128. Exact: a skipped factor is exactly 1. [Sweep candidate, not yet run on
+    # a GPU.]
+    rescale_when_needed: bool = False
 
     @property
     def tile_m(self) -> int:

@@ -78,7 +78,20 @@ class OnlineSoftmax:
         return m_old, m_safe
 
     @cute.jit
-    def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:
+    def rescale(self, acc_o: cute.Tensor, row_scale: cute.Tensor, when_needed: cutlass.Constexpr[bool] = False) -> None:
+        """O's rows times ``row_scale``; ``when_needed``: only if a factor in the warp is not 1
+        (the vote keeps the branch uniform, so the warp skips the multiplies as one)."""
+        if cutlass.const_expr(when_needed):
+            needed = row_scale[0] != 1.0
+            for r in cutlass.range_constexpr(1, self.rows):
+                needed = needed | (row_scale[r] != 1.0)
+            if cute.arch.vote_any_sync(needed):
+                self._scale_rows(acc_o, row_scale)
+        else:
+            self._scale_rows(acc_o, row_scale)
+
+    @cute.jit
+    def _scale_rows(self, acc_o: cute.Tensor, row_scale: cute.Tensor) -> None:
         o = acc_rows_cols(acc_o)
         for r in cutlass.range_constexpr(self.rows):
             o[r, None].store(o[r, None].load() * row_scale[r])

@@ -621,7 +621,7 @@ class Sm90ForwardKernel:
         row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
-        softmax.rescale(ops.acc_o, row_scale)
+        softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
         self.store_p(acc_s, ops.p)
         return state
 

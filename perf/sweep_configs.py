@@ -24,10 +24,11 @@ from flash4.compiler import compiled_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
 
+# rescale_when_needed: O rescaled only when some row of the warp raised its max.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(persistent=False)],
-    128: [dict(), dict(persistent=False)],
-    256: [dict(), dict(persistent=False), dict(persistent=True)],
+    64: [dict(), dict(rescale_when_needed=True)],
+    128: [dict(), dict(rescale_when_needed=True)],
+    256: [dict(), dict(rescale_when_needed=True)],
 }
 # deterministic=True: the cost of bit-identical gradients (turn-taking fp32 additions).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
@@ -39,9 +40,9 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(consumer_warpgroups=2), dict(pingpong=False)],
-    128: [dict(), dict(tile_n=128), dict(pingpong=False)],
-    256: [dict(), dict(persistent=False)],
+    64: [dict(), dict(rescale_when_needed=True)],
+    128: [dict(), dict(rescale_when_needed=True), dict(tile_n=192, rescale_when_needed=True)],
+    256: [dict(), dict(rescale_when_needed=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")

@@ -125,3 +125,24 @@ def test_dq_rows_compiles_clean():
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
     assert shapes.count("m64n32k16") == 0 and shapes.count("m64n64k16") == 2 * (8 + 8 + 8)
     assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * 2
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
+def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
+    # The candidate: in the key loops, one warp vote per block decides whether O's rows
+    # are multiplied; the multiplies stay (no spills, no serialised wgmma).
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import select
+
+    entry = select("sm_90a", dtype, 128, False, 4096)
+    base = compile_entry(entry, arch="sm_90a")
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=True))
+    report = compile_entry(entry, arch="sm_90a")
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    assert "vote.sync.any.pred" not in base.ptx
+    # The mask-free loop and the masked one (absent without a mask here) each vote once.
+    votes = report.ptx.count("vote.sync.any.pred")
+    assert 1 <= votes <= 2
+    assert report.ptx.count("mul.f32") >= base.ptx.count("mul.f32") - 2

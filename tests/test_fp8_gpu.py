@@ -168,3 +168,34 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard):
         on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
         got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(on_cpu)
         assert torch.equal(got_t.values.cpu().view(torch.uint8), want_t.values.view(torch.uint8))
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_rescale_when_needed_candidate_is_the_kernel(head_dim, causal):
+    # The sweep's candidate that skips O's rescale when no row of a warp raised its max
+    # multiplies by exactly 1 where it skips: the same bits as the selector's kernel.
+    import dataclasses
+
+    from flash4.compiler import compiled_forward
+    from flash4.dispatch import FP8_DTYPE, select
+    from flash4.fp8 import OUT_DTYPE, tile_descales
+    from flash4.interface import LOG2_E, device_sms
+
+    blocks = fp8_blocks(head_dim)
+    q, k, v = (torch.randn(2, 3000, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
+    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    entry = select("sm_90a", FP8_DTYPE, head_dim, causal, 3000)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=True))
+    n_q, n_k = -(-3000 // blocks.q), -(-3000 // blocks.kv)
+    poison_allocator()
+    out = torch.empty(q.shape, dtype=OUT_DTYPE, device="cuda")
+    lse = torch.empty(2, 8, 3000, device="cuda")
+    compiled_forward(entry)(
+        q8.values, k8.values, flash4.transpose_fp8_v(v8).values, out, lse,
+        tile_descales(q8, 2, 8, n_q), tile_descales(k8, 2, 2, n_k), tile_descales(v8, 2, 2, n_k),
+        head_dim**-0.5 * LOG2_E, device_sms(0),
+    )
+    torch.cuda.synchronize()
+    assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
