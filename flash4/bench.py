@@ -22,6 +22,7 @@ import math
 import shlex
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -623,6 +624,7 @@ def run(options: Options) -> int:
 def benchmark(options: Options, found: str) -> int:
     from flash4.machine import device_facts, gpu_state
 
+    started = time.monotonic()
     timer = make_timer(options.quick)
     env = environment()
     machine = {"device": device_facts(), "before": gpu_state()}
@@ -646,9 +648,11 @@ def benchmark(options: Options, found: str) -> int:
     errors = sorted({(n, m.error) for r in records for n, m in r.results.items() if m.error})
     for name, error in errors:
         print(f"{name}: {error}")
+    wall_s = time.monotonic() - started
+    print(f"wall time: {wall_s:.0f} s for {len(shapes)} shapes")
     if options.out is not None:
         payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
-                   "rounds": options.rounds, "machine": machine, "ceilings": ceilings,
+                   "rounds": options.rounds, "wall_s": round(wall_s, 1), "machine": machine, "ceilings": ceilings,
                    "records": [dataclasses.asdict(r) for r in records]}
         write_report(options.out, payload)
     return 0

@@ -89,6 +89,13 @@ def test_report_states_the_gpu_clock_before_and_after_when_recorded():
            "after: unknown (nvidia-smi not found)." in text
 
 
+def test_report_states_the_wall_time_when_recorded():
+    payload = report.load(RUN_B)
+    assert "Wall time" not in report.report_markdown(payload)
+    payload["wall_s"] = 125.6
+    assert "Wall time of the run: 126 s." in report.report_markdown(payload)
+
+
 def test_plots_are_valid_pngs_one_per_pass(tmp_path):
     payload = report.load(RUN_B)
     written = report.plot_report(payload, tmp_path / "plots", prefix="run-")
