@@ -102,31 +102,31 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
         raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    # Two reads for the largest magnitudes (max and min, no |x| written) and one pass that
-    # divides in float32 and rounds to e4m3 as it stores: no float32 copy of x.
+    # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
+    # blocks then reduce that 1/head_dim-sized tensor) and one pass that divides in float32
+    # and rounds to e4m3 as it stores: no float32 copy, no padded copy, no |x| tensor.
     x = hadamard_rotate(x) if hadamard else x
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    low, high = torch.aminmax(x, dim=-1)
+    row_amax = torch.maximum(high, -low).float()  # (b, s, h)
     if block is None:
-        descale = _descale(torch.maximum(x.amax(), -x.amin()).float())
+        descale = _descale(row_amax.amax())
         # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
         torch.div(x, descale.reshape(1), out=values)
         return Fp8Tensor(values, descale, None, hadamard)
     batch, seqlen, heads, head_dim = x.shape
     blocks = -(-seqlen // block)
+    padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))  # small: no head dim
+    descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2)).transpose(1, 2).contiguous()
     whole = seqlen // block
-    parts = [(slice(0, whole), x[:, : whole * block], values[:, : whole * block])] if whole else []
+    parts = [(slice(0, whole), block)] if whole else []
     if blocks > whole:  # the last, partial block on its own: no padded copy of x
-        parts.append((slice(whole, blocks), x[:, whole * block :], values[:, whole * block :]))
-    amax = torch.empty(batch, blocks, heads, dtype=torch.float32, device=x.device)
-    for index, part, _ in parts:
-        rows = part.reshape(batch, -1, min(block, part.shape[1]), heads, head_dim)
-        amax[:, index] = torch.maximum(rows.amax(dim=(2, 4)), -rows.amin(dim=(2, 4)))
-    descale = _descale(amax).transpose(1, 2).contiguous()  # (b, h, blocks)
-    for index, part, out in parts:
-        rows = part.shape[1] if index.start == whole else block
+        parts.append((slice(whole, blocks), seqlen - whole * block))
+    for index, rows in parts:
+        keys = slice(index.start * block, index.start * block + (index.stop - index.start) * rows)
         per_block = descale[:, :, index].transpose(1, 2).reshape(batch, -1, 1, heads, 1)
-        torch.div(part.reshape(batch, -1, rows, heads, head_dim), per_block,
-                  out=out.view(batch, -1, rows, heads, head_dim))
+        torch.div(x[:, keys].reshape(batch, -1, rows, heads, head_dim), per_block,
+                  out=values[:, keys].view(batch, -1, rows, heads, head_dim))
     return Fp8Tensor(values, descale, block, hadamard)
 
 
