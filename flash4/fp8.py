@@ -21,7 +21,7 @@ from flash4.compiler import compiled_forward
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select
 from flash4.interface import LOG2_E, device_arch, device_sms
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
-from flash4.quantize import Fp8Tensor, Fp8TransposedV, fp8_value_layout, quantize_fp8, transpose_fp8_v
+from flash4.quantize import Fp8Tensor, Fp8TransposedV, fp8_value_layout, quantize_fp8, quantize_fp8_transposed_v
 
 OUT_DTYPE = getattr(torch, FP8_OUT_DTYPE)
 # V's keys are padded to whole groups of this many (the FP8 wgmma's k-step) in its layout.
@@ -77,7 +77,7 @@ def flash_attn_fp8(
     return flash_attn_fp8_quantized(
         quantize_fp8(q, blocks.q, hadamard),
         quantize_fp8(k, blocks.kv, hadamard),
-        transpose_fp8_v(quantize_fp8(v, None)),
+        quantize_fp8_transposed_v(v),
         problem.softmax_scale,
         causal,
         return_lse,

@@ -168,6 +168,28 @@ def transpose_fp8_v(v: Fp8Tensor) -> Fp8TransposedV:
     return Fp8TransposedV(fp8_value_layout(v.values), v.descale, v.block, v.values.shape[1])
 
 
+def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
+    """``transpose_fp8_v(quantize_fp8(v, None))``, bit for bit, in two passes over v: its
+    largest magnitude, then a float32 division whose e4m3 results are stored straight into
+    the kernel's layout (no e4m3 copy of v in its own layout first)."""
+    if v.dim() != 4:
+        raise ValueError(f"v must be (batch, seqlen, heads, head_dim), got shape {tuple(v.shape)}")
+    batch, seqlen, heads, head_dim = v.shape
+    low, high = torch.aminmax(v)
+    descale = _descale(torch.maximum(high, -low).float())
+    group = 1 << len(_key_bit_order())
+    whole = seqlen // group * group
+    padded = -(-seqlen // group) * group
+    out = torch.empty(batch, heads, head_dim, padded, dtype=FP8_DTYPE, device=v.device)
+    # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
+    if whole:
+        torch.div(_keys_by_position(v[:, :whole]), descale.reshape(1), out=_kernel_layout_view(out[..., :whole]))
+    if padded > whole:
+        tail = torch.nn.functional.pad(v[:, whole:], (0, 0, 0, 0, 0, padded - seqlen))
+        torch.div(_keys_by_position(tail), descale.reshape(1), out=_kernel_layout_view(out[..., whole:]))
+    return Fp8TransposedV(out, descale, None, seqlen)
+
+
 def fp8_value_layout(values: Tensor) -> Tensor:
     """V's e4m3 values as the FP8 kernel reads them: (batch, kv_heads, head_dim, keys) with
     the keys contiguous (FP8 wgmma reads its B operand K-major), padded with zeros to whole

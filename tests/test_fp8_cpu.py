@@ -152,6 +152,17 @@ def test_selector_has_an_fp8_row_per_case_with_one_descale_block():
         fp8_blocks(96)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("seqlen", (1, 17, 32, 33, 1000))
+def test_quantizing_v_straight_into_the_kernel_layout_is_quantize_then_transpose(dtype, seqlen):
+    from flash4.quantize import quantize_fp8_transposed_v
+
+    v = (torch.randn(2, seqlen, 3, 64) * 4).to(dtype)
+    want, got = transpose_fp8_v(quantize_fp8(v, None)), quantize_fp8_transposed_v(v)
+    assert torch.equal(got.values.view(torch.uint8), want.values.view(torch.uint8))
+    assert torch.equal(got.descale, want.descale) and got.block is None and got.seqlen == seqlen
+
+
 @pytest.mark.parametrize("seqlen", (1, 17, 32, 100))
 def test_transposed_v_is_the_kernel_layout_and_comes_back(seqlen):
     v8 = quantize_fp8(torch.randn(2, seqlen, 3, 64), 128)

@@ -168,6 +168,12 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard):
         on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
         got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(on_cpu)
         assert torch.equal(got_t.values.cpu().view(torch.uint8), want_t.values.view(torch.uint8))
+    if block is None and not hadamard:
+        from flash4.quantize import quantize_fp8_transposed_v
+
+        fused = quantize_fp8_transposed_v(x)
+        assert torch.equal(fused.values.view(torch.uint8), flash4.transpose_fp8_v(got).values.view(torch.uint8))
+        assert torch.equal(fused.descale, got.descale)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
