@@ -5,7 +5,8 @@
 Inputs N(0, 1) plus N(0, 100) on 0.1% of the entries; RMSE of the output against float64
 attention on the unquantized inputs, for: per-tensor scales, per-tensor with the output
 rounded to e4m3 too (cuDNN's FP8 mode on Hopper), blockwise scales (128 rows), blockwise
-with the Hadamard rotation of Q and K, and torch in bf16. What the FP8 kernel is built to
+with the Hadamard rotation of Q and K, and torch in bf16; then blockwise + Hadamard with one
+rounding at a time (Q and K, V, P), the others exact. What the FP8 kernel is built to
 reproduce, before it exists; a development tool, the tests decide.
 """
 
@@ -16,7 +17,7 @@ import argparse
 import torch
 
 from flash4 import reference
-from flash4.quantize import quantize_fp8
+from flash4.quantize import Fp8Tensor, hadamard_rotate, quantize_fp8
 
 OUTLIER_FRACTION = 0.001
 OUTLIER_STD = 10.0
@@ -54,7 +55,29 @@ def main() -> None:
             )),
             "bf16 (torch)": rmse(reference.attention_in_dtype(*(t.bfloat16() for t in (q, k, v)))[0]),
         }
+        rows.update({f"{name} alone": rmse(out) for name, out in rounding_alone(q, k, v).items()})
         print(f"hdim {head_dim}: " + " | ".join(f"{name} {value:.2e}" for name, value in rows.items()), flush=True)
+
+
+def rounding_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Blockwise + Hadamard FP8 with one rounding at a time, the rest exact: which one sets
+    the error's floor. Q and K are rotated throughout (their scores unchanged)."""
+    qr, kr = hadamard_rotate(q), hadamard_rotate(k)
+    qh, kh = (quantize_fp8(t, BLOCK, hadamard=True).dequantize() for t in (q, k))
+    one = torch.ones((), device=q.device)
+
+    def exact(x: torch.Tensor, rotated: bool) -> Fp8Tensor:
+        # Unrounded values behind the Fp8Tensor interface (descale 1).
+        return Fp8Tensor(x.float(), one, None, rotated)
+
+    def attention(qx: torch.Tensor, kx: torch.Tensor, vx: torch.Tensor) -> torch.Tensor:
+        return reference.attention(qx, kx, vx, compute_dtype=torch.float64)[0]
+
+    return {
+        "Q, K rounding": attention(qh, kh, v),
+        "V rounding": attention(qr, kr, quantize_fp8(v, None).dequantize()),
+        "P rounding": reference.fp8_attention(exact(qr, True), exact(kr, True), exact(v, False)),
+    }
 
 
 if __name__ == "__main__":
