@@ -12,7 +12,6 @@ for the same inputs is perf/fp8_accuracy_model.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import flash4  # noqa: E402
 from flash4 import reference  # noqa: E402
 from flash4.fp8 import fp8_blocks  # noqa: E402
-from fp8_accuracy_model import outlier_inputs  # noqa: E402
+from fp8_accuracy_model import experiment_parser, outlier_inputs  # noqa: E402
 
 
 def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
@@ -50,11 +49,7 @@ def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Call
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seqlen", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
+    parser = experiment_parser()
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)

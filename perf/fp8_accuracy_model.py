@@ -29,12 +29,18 @@ def outlier_inputs(shape: tuple[int, ...], device: str) -> torch.Tensor:
     return x + (torch.rand(shape, device=device) < OUTLIER_FRACTION) * torch.randn(shape, device=device) * OUTLIER_STD
 
 
-def main() -> None:
+def experiment_parser() -> argparse.ArgumentParser:
+    """The experiment's sizes as options (defaults: FlashAttention-3's)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
+    return parser
+
+
+def main() -> None:
+    parser = experiment_parser()
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.manual_seed(0)
