@@ -12,6 +12,7 @@ or per tensor (``block=None``); V may come laid out beforehand (``transpose_fp8_
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import NamedTuple
 
 import torch
@@ -21,11 +22,16 @@ from flash4.compiler import compiled_forward
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select
 from flash4.interface import LOG2_E, device_arch, device_sms
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
-from flash4.quantize import Fp8Tensor, Fp8TransposedV, fp8_value_layout, quantize_fp8, quantize_fp8_transposed_v
+from flash4.quantize import (
+    FP8_KEY_GROUP,
+    Fp8Tensor,
+    Fp8TransposedV,
+    fp8_value_layout,
+    quantize_fp8,
+    quantize_fp8_transposed_v,
+)
 
 OUT_DTYPE = getattr(torch, FP8_OUT_DTYPE)
-# V's keys are padded to whole groups of this many (the FP8 wgmma's k-step) in its layout.
-FP8_KEY_GROUP = 32
 
 
 class Fp8Blocks(NamedTuple):
@@ -36,8 +42,10 @@ class Fp8Blocks(NamedTuple):
     kv: int
 
 
+@functools.lru_cache(maxsize=None)
 def fp8_blocks(head_dim: int) -> Fp8Blocks:
-    """The descale block sizes the FP8 kernel reads at ``head_dim`` (its selector rows)."""
+    """The descale block sizes the FP8 kernel reads at ``head_dim`` (its selector rows);
+    cached, as every FP8 call asks."""
     for row in TABLE:
         if row.dtype == FP8_DTYPE and row.head_dim == head_dim:
             return Fp8Blocks(row.config.tile_m, row.config.tile_n)
@@ -57,8 +65,7 @@ def flash_attn_fp8(
     """Attention of bf16/fp16 q, k, v (as ``flash_attn_func`` takes them) computed in FP8:
     Q and K are quantized to e4m3 with one descale per tile of rows of a head (``fp8_blocks``;
     rotated first when ``hadamard``), V with one descale for the tensor, then the FP8 kernel
-    runs. Returns
-    bf16 ``out`` (and float32 ``lse``). Not differentiable.
+    runs. Returns bf16 ``out`` (and float32 ``lse``). Not differentiable.
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
     largest so far, so blocks with smaller descales round P more coarsely; on

@@ -29,6 +29,8 @@ from torch import Tensor
 FP8_DTYPE = torch.float8_e4m3fn
 # e4m3's largest finite value: a block's largest magnitude is scaled onto it.
 FP8_MAX = torch.finfo(FP8_DTYPE).max
+# V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
+FP8_KEY_GROUP = 32
 # The sign vector of the rotation comes from this seed, so that Q and K quantized apart get
 # the same rotation (and with it Q Kᵀ unchanged).
 HADAMARD_SEED = 0x5EED
@@ -177,7 +179,7 @@ def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     batch, seqlen, heads, head_dim = v.shape
     low, high = torch.aminmax(v)
     descale = _descale(torch.maximum(high, -low).float())
-    group = 1 << len(_key_bit_order())
+    group = FP8_KEY_GROUP
     whole = seqlen // group * group
     padded = -(-seqlen // group) * group
     out = torch.empty(batch, heads, head_dim, padded, dtype=FP8_DTYPE, device=v.device)
@@ -202,7 +204,7 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
-    group = 1 << len(_key_bit_order())
+    group = FP8_KEY_GROUP
     whole = seqlen // group * group
     padded = -(-seqlen // group) * group
     # Through uint8: the same bits, and copy and pad work on it everywhere.
@@ -244,6 +246,8 @@ def _key_bit_order() -> tuple[int, ...]:
     from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
 
     size = len(FP8_PV_KEY_ORDER)
+    if size != FP8_KEY_GROUP:
+        raise AssertionError(f"FP8_PV_KEY_ORDER renames groups of {size} keys, not FP8_KEY_GROUP={FP8_KEY_GROUP}")
     bits = tuple(FP8_PV_KEY_ORDER[1 << i].bit_length() - 1 for i in range(size.bit_length() - 1))
     moved = [sum(((p >> i) & 1) << bit for i, bit in enumerate(bits)) for p in range(size)]
     if size & (size - 1) or list(FP8_PV_KEY_ORDER) != moved:
