@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -150,13 +150,10 @@ class Fp8TransposedV(NamedTuple):
 
     def untransposed(self) -> Fp8Tensor:
         """The Fp8Tensor it was made from: V in (batch, seqlen, heads, head_dim)."""
-        order = _key_order(self.values.device)
         batch, heads, head_dim, padded = self.values.shape
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        raw = self.values.view(torch.uint8).permute(0, 3, 1, 2)
-        keys = raw.reshape(batch, padded // order.numel(), order.numel(), heads, head_dim)[:, :, inverse]
-        values = keys.reshape(batch, padded, heads, head_dim)[:, : self.seqlen].contiguous().view(FP8_DTYPE)
+        raw = torch.empty(batch, padded, heads, head_dim, dtype=torch.uint8, device=self.values.device)
+        _keys_by_position(raw).copy_(_kernel_layout_view(self.values.view(torch.uint8)))
+        values = raw[:, : self.seqlen].contiguous().view(FP8_DTYPE)
         return Fp8Tensor(values, self.descale, self.block, False)
 
 
@@ -179,16 +176,9 @@ def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     batch, seqlen, heads, head_dim = v.shape
     low, high = torch.aminmax(v)
     descale = _descale(torch.maximum(high, -low).float())
-    group = FP8_KEY_GROUP
-    whole = seqlen // group * group
-    padded = -(-seqlen // group) * group
-    out = torch.empty(batch, heads, head_dim, padded, dtype=FP8_DTYPE, device=v.device)
+    out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=FP8_DTYPE, device=v.device)
     # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
-    if whole:
-        torch.div(_keys_by_position(v[:, :whole]), descale.reshape(1), out=_kernel_layout_view(out[..., :whole]))
-    if padded > whole:
-        tail = torch.nn.functional.pad(v[:, whole:], (0, 0, 0, 0, 0, padded - seqlen))
-        torch.div(_keys_by_position(tail), descale.reshape(1), out=_kernel_layout_view(out[..., whole:]))
+    _store_in_kernel_layout(v, out, lambda dst, src: torch.div(src, descale.reshape(1), out=dst))
     return Fp8TransposedV(out, descale, None, seqlen)
 
 
@@ -204,18 +194,27 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
-    group = FP8_KEY_GROUP
-    whole = seqlen // group * group
-    padded = -(-seqlen // group) * group
     # Through uint8: the same bits, and copy and pad work on it everywhere.
-    raw = values.view(torch.uint8)
-    out = torch.empty(batch, heads, head_dim, padded, dtype=torch.uint8, device=values.device)
-    if whole:
-        _kernel_layout_view(out[..., :whole]).copy_(_keys_by_position(raw[:, :whole]))
-    if padded > whole:
-        tail = torch.nn.functional.pad(raw[:, whole:], (0, 0, 0, 0, 0, padded - seqlen))
-        _kernel_layout_view(out[..., whole:]).copy_(_keys_by_position(tail))
+    out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=values.device)
+    _store_in_kernel_layout(values.view(torch.uint8), out, lambda dst, src: dst.copy_(src))
     return out.view(FP8_DTYPE)
+
+
+def _padded_keys(seqlen: int) -> int:
+    return -(-seqlen // FP8_KEY_GROUP) * FP8_KEY_GROUP
+
+
+def _store_in_kernel_layout(x: Tensor, out: Tensor, store: Callable[[Tensor, Tensor], object]) -> None:
+    """``store(destination, source)`` of x (batch, keys, heads, head_dim) into out (batch,
+    heads, head_dim, padded keys) through the layout's views, the whole key groups in one
+    call; only a last partial group is padded (with zeros), apart."""
+    seqlen = x.shape[1]
+    whole = seqlen // FP8_KEY_GROUP * FP8_KEY_GROUP
+    if whole:
+        store(_kernel_layout_view(out[..., :whole]), _keys_by_position(x[:, :whole]))
+    if out.shape[-1] > whole:
+        tail = torch.nn.functional.pad(x[:, whole:], (0, 0, 0, 0, 0, out.shape[-1] - seqlen))
+        store(_kernel_layout_view(out[..., whole:]), _keys_by_position(tail))
 
 
 def _keys_by_position(x: Tensor) -> Tensor:
@@ -253,14 +252,6 @@ def _key_bit_order() -> tuple[int, ...]:
     if size & (size - 1) or list(FP8_PV_KEY_ORDER) != moved:
         raise AssertionError("FP8_PV_KEY_ORDER must permute the bits of a key's index within its group")
     return bits
-
-
-@functools.lru_cache(maxsize=None)
-def _key_order(device: torch.device) -> Tensor:
-    """FP8_PV_KEY_ORDER on ``device``, made once (Fp8TransposedV.untransposed reads it)."""
-    from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
-
-    return torch.tensor(FP8_PV_KEY_ORDER, device=device)
 
 
 def _descale(amax: Tensor) -> Tensor:
