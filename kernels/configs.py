@@ -54,6 +54,11 @@ class Sm90ForwardConfig:
     # head dim 128. Exact: a skipped factor is exactly 1. [Sweep candidate, not yet run on
     # a GPU.]
     rescale_when_needed: bool = False
+    # FP8: every k-th exponential of a thread's row in mask-free key blocks computed on the
+    # FMA pipe (kernels/exp2_on_fma.py) instead of MUFU.EX2, which binds the softmax at head
+    # dims 64 and 128 together with the issue slots; 0: none. [Sweep candidate, not yet run
+    # on a GPU.]
+    exp2_on_fma_every: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -91,6 +96,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.exp2_on_fma_every < 0 or (self.exp2_on_fma_every and not self.fp8):
+            raise ValueError(f"exp2_on_fma_every={self.exp2_on_fma_every}: a count >= 0, and only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:

@@ -146,3 +146,24 @@ def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
     votes = report.ptx.count("vote.sync.any.pred")
     assert 1 <= votes <= 2
     assert report.ptx.count("mul.f32") >= base.ptx.count("mul.f32") - 2
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_exp2_on_fma_moves_every_eighth_exponential_off_mufu(head_dim):
+    # The FP8 candidate: in the mask-free loop, 1 of 8 exponentials is the FMA sequence
+    # (a round-down add per exponential), the rest stay ex2.approx; the masked loop keeps
+    # MUFU for all (a masked score of -inf must give exactly 0). No spills.
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import FP8_DTYPE, select
+
+    entry = select("sm_90a", FP8_DTYPE, head_dim, False, 4096)
+    base = compile_entry(entry, arch="sm_90a")
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, exp2_on_fma_every=8))
+    report = compile_entry(entry, arch="sm_90a")
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    per_block = 64 * entry.config.tile_n // 128  # scores per thread per key block
+    assert "add.rm.f32" not in base.ptx
+    assert report.ptx.count("add.rm.f32") == per_block // 8
+    assert report.ptx.count("ex2.approx") == base.ptx.count("ex2.approx") - per_block // 8

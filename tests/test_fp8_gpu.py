@@ -176,11 +176,8 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard):
         assert torch.equal(fused.descale, got.descale)
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_rescale_when_needed_candidate_is_the_kernel(head_dim, causal):
-    # The sweep's candidate that skips O's rescale when no row of a warp raised its max
-    # multiplies by exactly 1 where it skips: the same bits as the selector's kernel.
+def _run_variant(q8, k8, v8, causal: bool, **changes):
+    """The selector's FP8 kernel for these inputs with ``changes`` to its config: (out, lse)."""
     import dataclasses
 
     from flash4.compiler import compiled_forward
@@ -188,20 +185,46 @@ def test_rescale_when_needed_candidate_is_the_kernel(head_dim, causal):
     from flash4.fp8 import OUT_DTYPE, tile_descales
     from flash4.interface import LOG2_E, device_sms
 
-    blocks = fp8_blocks(head_dim)
-    q, k, v = (torch.randn(2, 3000, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
-    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
-    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
-    entry = select("sm_90a", FP8_DTYPE, head_dim, causal, 3000)
-    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=True))
-    n_q, n_k = -(-3000 // blocks.q), -(-3000 // blocks.kv)
+    batch, seqlen_q, heads, head_dim = q8.values.shape
+    seqlen_k, kv_heads = k8.values.shape[1:3]
+    entry = select("sm_90a", FP8_DTYPE, head_dim, causal, seqlen_q)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
+    n_q, n_k = -(-seqlen_q // entry.config.tile_m), -(-seqlen_k // entry.config.tile_n)
     poison_allocator()
-    out = torch.empty(q.shape, dtype=OUT_DTYPE, device="cuda")
-    lse = torch.empty(2, 8, 3000, device="cuda")
+    out = torch.empty(q8.values.shape, dtype=OUT_DTYPE, device="cuda")
+    lse = torch.empty(batch, heads, seqlen_q, device="cuda")
     compiled_forward(entry)(
         q8.values, k8.values, flash4.transpose_fp8_v(v8).values, out, lse,
-        tile_descales(q8, 2, 8, n_q), tile_descales(k8, 2, 2, n_k), tile_descales(v8, 2, 2, n_k),
-        head_dim**-0.5 * LOG2_E, device_sms(0),
+        tile_descales(q8, batch, heads, n_q), tile_descales(k8, batch, kv_heads, n_k),
+        tile_descales(v8, batch, kv_heads, n_k), head_dim**-0.5 * LOG2_E, device_sms(0),
     )
     torch.cuda.synchronize()
+    return out, lse
+
+
+def _variant_inputs(head_dim: int, seqlen: int):
+    blocks = fp8_blocks(head_dim)
+    q, k, v = (torch.randn(2, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    return flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_rescale_when_needed_candidate_is_the_kernel(head_dim, causal):
+    # The sweep's candidate that skips O's rescale when no row of a warp raised its max
+    # multiplies by exactly 1 where it skips: the same bits as the selector's kernel.
+    q8, k8, v8 = _variant_inputs(head_dim, 3000)
+    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    out, lse = _run_variant(q8, k8, v8, causal, rescale_when_needed=True)
     assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen", (17, 1000, 3000))
+def test_exp2_on_fma_candidate_matches_its_model(head_dim, causal, seqlen):
+    # The sweep's candidate computing every 8th exponential with FMAs (relative error
+    # below 8.6e-5) must meet the same bounds as the kernel: its model's RMSE and the LSE.
+    q8, k8, v8 = _variant_inputs(head_dim, seqlen)
+    out, lse = _run_variant(q8, k8, v8, causal, exp2_on_fma_every=8, rescale_when_needed=True)
+    _check(q8, k8, v8, causal, out, lse)
