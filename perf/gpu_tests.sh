@@ -16,7 +16,7 @@ start=$SECONDS
 
 # name, limit in seconds, pytest arguments
 segments=(
-  "fwd|240|tests/test_fwd_gpu.py"
+  "fwd|300|tests/test_fwd_gpu.py"
   "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256"
   "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256"
   "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
