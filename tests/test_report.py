@@ -136,3 +136,19 @@ def test_fp8_records_get_their_own_section_against_the_fp8_ceiling():
     assert "of the 1260 TFLOP/s fp8 matmul ceiling" in fp8_section and f"flash4's peak: {peak:.0f}" in fp8_section
     assert "cudnn-fp8" in fp8_section and "cudnn-fp8" not in forward and "sdpa-flash" not in fp8_section
     assert [report.key(r)[0] for r in payload["records"]] == ["fwd", "fwd", "fp8", "fp8"]
+    assert "flash4 / flash4-bf16" not in text  # no bf16 baseline in these records
+
+
+def test_fp8_tables_give_the_speedup_over_flash4s_own_bf16_forward():
+    payload = report.load(RUN_B)
+    fp8 = copy.deepcopy(payload["records"][:1])
+    record = fp8[0]
+    record["shape"]["pass_"] = "fp8"
+    ours = record["results"]["flash4"]["tflops"]
+    record["results"] = {"flash4": record["results"]["flash4"],
+                         "flash4-bf16": dict(record["results"]["flash4"], tflops=ours / 1.6)}
+    payload["records"] = fp8
+    fp8_section = report.report_markdown(payload).split("## FP8 forward")[1]
+    header = next(line for line in fp8_section.splitlines() if line.startswith("| mask"))
+    row = next(line for line in fp8_section.splitlines() if line.startswith("| full") or line.startswith("| causal"))
+    assert header.split(" | ")[-2] == "flash4 / flash4-bf16" and row.split(" | ")[-2] == "1.600"
