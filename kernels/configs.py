@@ -59,6 +59,11 @@ class Sm90ForwardConfig:
     # dims 64 and 128 together with the issue slots; 0: none. [Sweep candidate, not yet run
     # on a GPU.]
     exp2_on_fma_every: int = 0
+    # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
+    # P's scale is the constant 448 and V's descale multiplies O once, so each key block
+    # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
+    # general path. [Sweep candidate, not yet run on a GPU.]
+    fp8_v_per_tensor: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -96,6 +101,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.fp8_v_per_tensor and not self.fp8:
+            raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.exp2_on_fma_every < 0 or (self.exp2_on_fma_every and not self.fp8):
             raise ValueError(f"exp2_on_fma_every={self.exp2_on_fma_every}: a count >= 0, and only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:

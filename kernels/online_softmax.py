@@ -134,7 +134,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
     """
 
     def __init__(
-        self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor, exp2_on_fma_every: int = 0
+        self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor,
+        exp2_on_fma_every: int = 0, v_per_tensor: bool = False,
     ):
         super().__init__(scale_log2, rows)
         self.k_descale = k_descale
@@ -142,10 +143,15 @@ class BlockScaledSoftmax(OnlineSoftmax):
         self.v_ref = cute.make_rmem_tensor(1, Float32)
         # Every k-th exponential of a row in mask-free blocks on the FMA pipe (0: none).
         self.exp2_on_fma_every = exp2_on_fma_every
+        # One V descale for all blocks (v_descale[0]): P's scale is E4M3_MAX itself, and V's
+        # descale multiplies O once, in finalize.
+        self.v_per_tensor = v_per_tensor
 
     def block_inputs(self, n_block: Int32) -> tuple:
         """Key block ``n_block``'s K and V descales, loaded from global memory while its S
         GEMM runs (used at once after it, the load's latency stalled the softmax)."""
+        if self.v_per_tensor:
+            return self.k_descale[n_block], None
         return self.k_descale[n_block], self.v_descale[n_block]
 
     @cute.jit
@@ -157,14 +163,20 @@ class BlockScaledSoftmax(OnlineSoftmax):
         s = acc_rows_cols(acc_s)
         k_descale, v_descale = block
         scale = self.scale_log2 * k_descale
-        v_old = self.v_ref[0]
-        v_new = v_descale
-        if cutlass.const_expr(not is_first):
-            v_new = cute.arch.fmax(v_old, v_descale)
-        self.v_ref[0] = v_new
-        p_scale = E4M3_MAX * v_descale / v_new
-        p_log2 = cute.math.log2(p_scale, fastmath=True)
-        inv_p_scale = cute.arch.rcp_approx(p_scale)
+        if cutlass.const_expr(self.v_per_tensor):
+            # No V descale per block: no running v_ref, no division, constant P scale.
+            v_old = v_new = 1.0
+            p_log2 = math.log2(E4M3_MAX)
+            inv_p_scale = 1.0 / E4M3_MAX
+        else:
+            v_old = self.v_ref[0]
+            v_new = v_descale
+            if cutlass.const_expr(not is_first):
+                v_new = cute.arch.fmax(v_old, v_descale)
+            self.v_ref[0] = v_new
+            p_scale = E4M3_MAX * v_descale / v_new
+            p_log2 = cute.math.log2(p_scale, fastmath=True)
+            inv_p_scale = cute.arch.rcp_approx(p_scale)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
@@ -188,7 +200,10 @@ class BlockScaledSoftmax(OnlineSoftmax):
                 self.row_sum[r] = partial
             else:
                 factor = cute.math.exp2(m_old - m_safe, fastmath=True)
-                row_scale[r] = factor * (v_old / v_new)
+                if cutlass.const_expr(self.v_per_tensor):
+                    row_scale[r] = factor
+                else:
+                    row_scale[r] = factor * (v_old / v_new)
                 self.row_sum[r] = self.row_sum[r] * factor + partial
         return row_scale
 
@@ -196,7 +211,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
     def finalize(self, lse: cute.Tensor) -> cute.Tensor:
         """``OnlineSoftmax.finalize``, with O's factor v_ref / E4M3_MAX folded into 1/l."""
         inv_sum = cute.make_rmem_tensor(self.rows, Float32)
-        o_factor = self.v_ref[0] * (1.0 / E4M3_MAX)
+        o_factor = (self.v_descale[0] if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
         for r in cutlass.range_constexpr(self.rows):
             total = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=THREADS_PER_ROW)
             empty = total == 0.0

@@ -40,11 +40,12 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(rescale_when_needed=True), dict(rescale_when_needed=True, exp2_on_fma_every=8),
-         dict(rescale_when_needed=True, exp2_on_fma_every=16)],
-    128: [dict(), dict(rescale_when_needed=True), dict(rescale_when_needed=True, exp2_on_fma_every=8),
-          dict(rescale_when_needed=True, exp2_on_fma_every=16), dict(tile_n=192, rescale_when_needed=True)],
-    256: [dict(), dict(rescale_when_needed=True)],
+    64: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True),
+         dict(fp8_v_per_tensor=True, rescale_when_needed=True, exp2_on_fma_every=8)],
+    128: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True),
+          dict(fp8_v_per_tensor=True, rescale_when_needed=True, exp2_on_fma_every=8),
+          dict(fp8_v_per_tensor=True, rescale_when_needed=True, tile_n=192)],
+    256: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")

@@ -167,3 +167,21 @@ def test_exp2_on_fma_moves_every_eighth_exponential_off_mufu(head_dim):
     assert "add.rm.f32" not in base.ptx
     assert report.ptx.count("add.rm.f32") == per_block // 8
     assert report.ptx.count("ex2.approx") == base.ptx.count("ex2.approx") - per_block // 8
+
+
+def test_fp8_v_per_tensor_drops_the_divisions_and_the_v_descale_loads():
+    # The FP8 candidate for a per-tensor V: no IEEE division is left (the general path
+    # divides by the running V descale in every block) and V's descales are read once, not
+    # per block.
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import FP8_DTYPE, select
+
+    entry = select("sm_90a", FP8_DTYPE, 128, True, 4096)
+    base = compile_entry(entry, arch="sm_90a")
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, fp8_v_per_tensor=True))
+    report = compile_entry(entry, arch="sm_90a")
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    assert "div.rn.f32" in base.ptx and "div.rn.f32" not in report.ptx
+    assert report.ptx.count("ld.global") < base.ptx.count("ld.global")

@@ -65,3 +65,18 @@ def test_invalid_backward_configs_name_the_field(fields, message):
 
     with pytest.raises(ValueError, match=message):
         Sm90BackwardConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(exp2_on_fma_every=8), "exp2_on_fma_every=8: .*only with fp8=True"),
+        (dict(exp2_on_fma_every=-1, fp8=True), "exp2_on_fma_every=-1: a count >= 0"),
+        (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
+    ],
+)
+def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):
+    from flash4.kernels.configs import Sm90ForwardConfig
+
+    with pytest.raises(ValueError, match=message):
+        Sm90ForwardConfig(head_dim=128, tile_n=128, **fields)

@@ -228,3 +228,15 @@ def test_exp2_on_fma_candidate_matches_its_model(head_dim, causal, seqlen):
     q8, k8, v8 = _variant_inputs(head_dim, seqlen)
     out, lse = _run_variant(q8, k8, v8, causal, exp2_on_fma_every=8, rescale_when_needed=True)
     _check(q8, k8, v8, causal, out, lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen", (17, 1000, 3000))
+def test_v_per_tensor_candidate_matches_its_model(head_dim, causal, seqlen):
+    # The sweep's candidate for V with one descale: P's scale a constant, V's descale on O
+    # once at the end. Same bounds as the kernel (V here is per tensor, as it requires).
+    q8, k8, v8 = _variant_inputs(head_dim, seqlen)
+    assert v8.block is None
+    out, lse = _run_variant(q8, k8, v8, causal, fp8_v_per_tensor=True)
+    _check(q8, k8, v8, causal, out, lse)
