@@ -280,3 +280,12 @@ def test_rescale_when_needed_candidate_matches_reference(head_dim, causal, seqle
     # with 32 key blocks (4096) most blocks skip it, and a skip that should not happen
     # leaves O scaled wrong.
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, rescale_when_needed=True)
+
+
+@pytest.mark.parametrize("tile_n", (176, 192))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (17, 1000), (1000, 17), (4096, 4096)))
+def test_wide_key_block_candidates_match_reference(tile_n, causal, seqlen_q, seqlen_k):
+    # The sweep's head-dim-128 candidates with wider key blocks: 176 is no multiple of 64,
+    # so ragged key blocks and the causal diagonal fall at new offsets.
+    _check_config_variant(128, causal, seqlen_q, seqlen_k, tile_n=tile_n)
