@@ -7,6 +7,7 @@ and what it supports; there is no fall-back to a slower path.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -55,11 +56,14 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       397/429 -> 422/475 at 4k/16k.
     - Ping-pong of the consumer warpgroups where softmax is a large share of the time (not
       at head dim 256, where the GEMMs dominate; it lost 5-9% there).
+    - O's rescale skipped when no row of a warp raised its max (rescale_when_needed) at
+      head dim 256, where O is 128 registers a thread: full 592/711 -> 582/720, causal
+      439/684 -> 437/706 at 1k/16k (two rounds); at 64 and 128 it lost up to 3%.
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
         head_dim=head_dim, tile_n=tile_n, causal=causal,
-        pingpong=head_dim != 256, persistent=head_dim != 256,
+        pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
     )
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True)
@@ -89,13 +93,23 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # H200 (2026-11-29, the kernel alone, full, TFLOP/s at seqlen 1k / 16k, against 128x128
 # tiles with ping-pong, persistent below head dim 256): head dim 64 three 64-row consumer
 # warpgroups (383/449 -> 416/580; 256 keys per block gave 407/529); head dim 128 160 keys
-# per block (622/730 -> 650/855; 192 keys 615/829); head dim 256 persistent (895/1150 ->
-# 981/1153). Q's descale blocks are the query tile, K's and V's the key tile (multiples of
-# the FP8 wgmma's 32-deep k-step); causal takes the same tiles, so a head dim has one
-# block size whatever the mask.
+# per block (622/730 -> 650/855); head dim 256 persistent (895/1150 -> 981/1153). Q's
+# descale blocks are the query tile, K's and V's the key tile (multiples of the FP8 wgmma's
+# 32-deep k-step); causal takes the same tiles, so a head dim has one block size whatever
+# the mask.
+#
+# Then (same day, two interleaved rounds, full / causal at 1k and 16k) the rows take V per
+# tensor, as flash_attn_fp8 quantizes it (fp8_v_per_tensor; a V with blockwise descales
+# gets the row's kernel built for them, select_fp8), and skip O's rescale when no row of a
+# warp raised its max (rescale_when_needed):
+#   d64:  416/578, 262/485 -> 463/696, 281/609;
+#   d128: 652/853, 475/826 -> 671/934, 473/854, with 192 keys per block (160 keys gave
+#         651/860, 494/874: 192 wins the full mask by 9% at 16k, loses causal by 2-4%);
+#   d256: 994/1171, 726/1124 -> 975/1223, 730/1096 (within the rounds' spread but 16k full).
+# Every 8th exponential on the FMA pipe instead of MUFU lost 1-5% at head dims 64 and 128.
 _SM90_FP8_CONFIGS: dict[int, dict] = {
     64: dict(tile_n=128, consumer_warpgroups=3, persistent=True),
-    128: dict(tile_n=160, persistent=True),
+    128: dict(tile_n=192, persistent=True),
     256: dict(tile_n=128, pingpong=False, persistent=True),
 }
 
@@ -103,7 +117,9 @@ _SM90_FP8_CONFIGS: dict[int, dict] = {
 def _sm90_fp8_rows() -> Iterable[KernelEntry]:
     for head_dim, choices in _SM90_FP8_CONFIGS.items():
         for causal in (False, True):
-            config = Sm90ForwardConfig(head_dim=head_dim, causal=causal, fp8=True, **choices)
+            config = Sm90ForwardConfig(
+                head_dim=head_dim, causal=causal, fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, **choices
+            )
             yield KernelEntry(
                 arch="sm_90a", dtype=FP8_DTYPE, head_dim=head_dim, causal=causal,
                 kernel="kernels.sm90_fwd_fp8.Sm90Fp8ForwardKernel", config=config,
@@ -152,6 +168,18 @@ def select(arch: str, dtype: str, head_dim: int, causal: bool, seqlen_q: int = 1
     raise UnsupportedProblemError(
         f"head_dim={head_dim} is not supported on {arch} for {dtype}; supported head dims: {dims}"
     )
+
+
+def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool) -> KernelEntry:
+    """The FP8 row for this problem; for a V with one descale per key block
+    (``v_per_tensor=False``), the row's kernel built for blockwise V descales."""
+    entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q)
+    return entry if v_per_tensor else _with_blockwise_v(entry)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_blockwise_v(entry: KernelEntry) -> KernelEntry:
+    return replace(entry, config=replace(entry.config, fp8_v_per_tensor=False))
 
 
 def format_table(arch: str | None = None) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
 from flash4.compiler import compiled_forward
-from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select
+from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select_fp8
 from flash4.interface import LOG2_E, device_arch, device_sms
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (
@@ -107,7 +107,9 @@ def flash_attn_fp8_quantized(
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
     device = q.values.device
-    entry = select(device_arch(device.index), FP8_DTYPE, problem.head_dim, causal, problem.seqlen_q)
+    entry = select_fp8(
+        device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None
+    )
     kernel = compiled_forward(entry, return_lse)
     batch, heads = problem.batch, problem.heads
     q_blocks = -(-problem.seqlen_q // entry.config.tile_m)

@@ -51,18 +51,13 @@ class Sm90ForwardConfig:
     # O is rescaled in the key loop only when some row of the warp raised its max (a warp
     # vote and a uniform branch): after the first blocks the max rarely moves, and the
     # rescale is one FMUL per O register per block, a tenth of the softmax's issue slots at
-    # head dim 128. Exact: a skipped factor is exactly 1. [Sweep candidate, not yet run on
-    # a GPU.]
+    # head dim 128. Exact: a skipped factor is exactly 1. The FP8 rows and head dim
+    # 256 take it (flash4/dispatch.py has the sweeps).
     rescale_when_needed: bool = False
-    # FP8: every k-th exponential of a thread's row in mask-free key blocks computed on the
-    # FMA pipe (kernels/exp2_on_fma.py) instead of MUFU.EX2, which binds the softmax at head
-    # dims 64 and 128 together with the issue slots; 0: none. [Sweep candidate, not yet run
-    # on a GPU.]
-    exp2_on_fma_every: int = 0
     # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
     # P's scale is the constant 448 and V's descale multiplies O once, so each key block
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
-    # general path. [Sweep candidate, not yet run on a GPU.]
+    # general path (1-20% on the H200 at head dim 64; flash4/dispatch.py).
     fp8_v_per_tensor: bool = False
 
     @property
@@ -103,8 +98,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
-        if self.exp2_on_fma_every < 0 or (self.exp2_on_fma_every and not self.fp8):
-            raise ValueError(f"exp2_on_fma_every={self.exp2_on_fma_every}: a count >= 0, and only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:

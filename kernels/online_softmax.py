@@ -15,7 +15,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .exp2_on_fma import exp2_on_fma
 from .mma_layouts import acc_rows_cols
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -135,14 +134,12 @@ class BlockScaledSoftmax(OnlineSoftmax):
 
     def __init__(
         self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor,
-        exp2_on_fma_every: int = 0, v_per_tensor: bool = False,
+        v_per_tensor: bool = False,
     ):
         super().__init__(scale_log2, rows)
         self.k_descale = k_descale
         self.v_descale = v_descale
         self.v_ref = cute.make_rmem_tensor(1, Float32)
-        # Every k-th exponential of a row in mask-free blocks on the FMA pipe (0: none).
-        self.exp2_on_fma_every = exp2_on_fma_every
         # One V descale for all blocks (v_descale[0]): P's scale is E4M3_MAX itself, and V's
         # descale multiplies O once, in finalize.
         self.v_per_tensor = v_per_tensor
@@ -181,19 +178,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale, is_first, masked)
-            every = self.exp2_on_fma_every
-            if cutlass.const_expr(every and not masked):
-                offset = m_safe - p_log2
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    x = s[r, j] * scale - offset
-                    if cutlass.const_expr(j % every == every - 1):
-                        s[r, j] = exp2_on_fma(x)
-                    else:
-                        s[r, j] = cute.math.exp2(x, fastmath=True)
-                p = s[r, None].load()
-            else:
-                p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
-                s[r, None].store(p)
+            p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
+            s[r, None].store(p)
             partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * inv_p_scale
             if cutlass.const_expr(is_first):
                 row_scale[r] = 1.0

@@ -84,7 +84,6 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             rows,
             k_descale[tile.batch, kv_head, None],
             v_descale[tile.batch, kv_head, None],
-            self.config.exp2_on_fma_every,
             self.config.fp8_v_per_tensor,
         )
 

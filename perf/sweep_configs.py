@@ -24,15 +24,10 @@ from flash4.compiler import compiled_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
 
-# rescale_when_needed: O rescaled only when some row of the warp raised its max. Wider key
-# blocks at head dim 128 (FlashAttention-3 takes 176) compile clean since P is packed by
-# pack_pair (no spills, no serialised wgmma); before, 160 and 176 ran 2-2.5x slower.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(rescale_when_needed=True)],
-    128: [dict(), dict(rescale_when_needed=True), dict(tile_n=176), dict(tile_n=176, rescale_when_needed=True),
-          dict(tile_n=192)],
-    256: [dict(), dict(rescale_when_needed=True)],
-}
+# Each list: the selector's row ({}) and changes to it. Tried on the H200 and not taken
+# (2026-11-29, see flash4/dispatch.py): 176- and 192-key blocks at head dim 128, O's rescale
+# skipped at head dims 64 and 128.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # deterministic=True: the cost of bit-identical gradients (turn-taking fp32 additions).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     64: [dict(), dict(deterministic=True)],
@@ -41,15 +36,9 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
-# flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True),
-         dict(fp8_v_per_tensor=True, rescale_when_needed=True, exp2_on_fma_every=8)],
-    128: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True),
-          dict(fp8_v_per_tensor=True, rescale_when_needed=True, exp2_on_fma_every=8),
-          dict(fp8_v_per_tensor=True, rescale_when_needed=True, tile_n=192)],
-    256: [dict(), dict(fp8_v_per_tensor=True), dict(fp8_v_per_tensor=True, rescale_when_needed=True)],
-}
+# flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. Not taken: every 8th
+# exponential on the FMA pipe, 160-key blocks at head dim 128 (flash4/dispatch.py).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

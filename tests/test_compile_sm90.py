@@ -129,59 +129,37 @@ def test_dq_rows_compiles_clean():
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
 def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
-    # The candidate: in the key loops, one warp vote per block decides whether O's rows
-    # are multiplied; the multiplies stay (no spills, no serialised wgmma).
+    # In the key loops, one warp vote per block decides whether O's rows are multiplied;
+    # the multiplies stay (no spills, no serialised wgmma).
     import dataclasses
 
     from flash4.compiler import compile_entry
     from flash4.dispatch import select
 
     entry = select("sm_90a", dtype, 128, False, 4096)
-    base = compile_entry(entry, arch="sm_90a")
-    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=True))
-    report = compile_entry(entry, arch="sm_90a")
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    assert "vote.sync.any.pred" not in base.ptx
+    always, when_needed = (
+        compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=on)),
+                      arch="sm_90a")
+        for on in (False, True)
+    )
+    assert when_needed.spill_bytes == 0 and when_needed.serialized_wgmma == 0
+    assert "vote.sync.any.pred" not in always.ptx
     # The mask-free loop and the masked one (absent without a mask here) each vote once.
-    votes = report.ptx.count("vote.sync.any.pred")
+    votes = when_needed.ptx.count("vote.sync.any.pred")
     assert 1 <= votes <= 2
-    assert report.ptx.count("mul.f32") >= base.ptx.count("mul.f32") - 2
+    assert when_needed.ptx.count("mul.f32") >= always.ptx.count("mul.f32") - 2
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-def test_exp2_on_fma_moves_every_eighth_exponential_off_mufu(head_dim):
-    # The FP8 candidate: in the mask-free loop, 1 of 8 exponentials is the FMA sequence
-    # (a round-down add per exponential), the rest stay ex2.approx; the masked loop keeps
-    # MUFU for all (a masked score of -inf must give exactly 0). No spills.
-    import dataclasses
-
+def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
+    # The table's FP8 rows take V per tensor: no IEEE division is left (the blockwise-V
+    # kernel, select_fp8's other answer, divides by the running V descale in every block)
+    # and V's descales are read once, not per block.
     from flash4.compiler import compile_entry
-    from flash4.dispatch import FP8_DTYPE, select
+    from flash4.dispatch import select_fp8
 
-    entry = select("sm_90a", FP8_DTYPE, head_dim, False, 4096)
-    base = compile_entry(entry, arch="sm_90a")
-    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, exp2_on_fma_every=8))
-    report = compile_entry(entry, arch="sm_90a")
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    per_block = 64 * entry.config.tile_n // 128  # scores per thread per key block
-    assert "add.rm.f32" not in base.ptx
-    assert report.ptx.count("add.rm.f32") == per_block // 8
-    assert report.ptx.count("ex2.approx") == base.ptx.count("ex2.approx") - per_block // 8
-
-
-def test_fp8_v_per_tensor_drops_the_divisions_and_the_v_descale_loads():
-    # The FP8 candidate for a per-tensor V: no IEEE division is left (the general path
-    # divides by the running V descale in every block) and V's descales are read once, not
-    # per block.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-    from flash4.dispatch import FP8_DTYPE, select
-
-    entry = select("sm_90a", FP8_DTYPE, 128, True, 4096)
-    base = compile_entry(entry, arch="sm_90a")
-    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, fp8_v_per_tensor=True))
-    report = compile_entry(entry, arch="sm_90a")
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    assert "div.rn.f32" in base.ptx and "div.rn.f32" not in report.ptx
-    assert report.ptx.count("ld.global") < base.ptx.count("ld.global")
+    table = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=True), arch="sm_90a")
+    blockwise = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=False), arch="sm_90a")
+    for report in (table, blockwise):
+        assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    assert "div.rn.f32" in blockwise.ptx and "div.rn.f32" not in table.ptx
+    assert table.ptx.count("ld.global") < blockwise.ptx.count("ld.global")

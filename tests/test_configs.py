@@ -70,8 +70,6 @@ def test_invalid_backward_configs_name_the_field(fields, message):
 @pytest.mark.parametrize(
     "fields,message",
     [
-        (dict(exp2_on_fma_every=8), "exp2_on_fma_every=8: .*only with fp8=True"),
-        (dict(exp2_on_fma_every=-1, fp8=True), "exp2_on_fma_every=-1: a count >= 0"),
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
     ],
 )
