@@ -592,10 +592,11 @@ def environment() -> dict[str, Any]:
     }
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
+def write_json(path: Path, payload: dict[str, Any], quiet: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
 
 
 # --- entry points -------------------------------------------------------------------------
@@ -634,7 +635,13 @@ def benchmark(options: Options, found: str) -> int:
     ceilings = measure_ceilings(timer)
     print("ceilings: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in ceilings.items()))
     print(table_header())
-    records = []
+    records: list[ShapeRecord] = []
+
+    def payload(so_far: list[ShapeRecord], **more: Any) -> dict[str, Any]:
+        return {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
+                "rounds": options.rounds, **more, "machine": machine, "ceilings": ceilings,
+                "records": [dataclasses.asdict(r) for r in so_far]}
+
     shapes = options.shapes()
     for index, shape in enumerate(shapes, 1):
         table = PASS_PROVIDERS[shape.pass_]
@@ -642,6 +649,9 @@ def benchmark(options: Options, found: str) -> int:
         record = measure_shape(shape, timer, providers=providers, rounds=options.rounds)
         records.append(record)
         print(f"{table_row(record)}  [{index}/{len(shapes)}]", flush=True)
+        if options.out is not None:
+            # A run cut short (a time limit, a crash in a peer) keeps what it measured.
+            write_json(_partial_path(options.out), {**payload(records), "mode": "partial"}, quiet=True)
         torch.cuda.empty_cache()
     machine["after"] = gpu_state()
     print(f"GPU state before: {machine['before']}\nGPU state after:  {machine['after']}")
@@ -651,11 +661,14 @@ def benchmark(options: Options, found: str) -> int:
     wall_s = time.monotonic() - started
     print(f"wall time: {wall_s:.0f} s for {len(shapes)} shapes")
     if options.out is not None:
-        payload = {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
-                   "rounds": options.rounds, "wall_s": round(wall_s, 1), "machine": machine, "ceilings": ceilings,
-                   "records": [dataclasses.asdict(r) for r in records]}
-        write_report(options.out, payload)
+        write_report(options.out, payload(records, wall_s=round(wall_s, 1)))
+        _partial_path(options.out).unlink(missing_ok=True)
     return 0
+
+
+def _partial_path(out: Path) -> Path:
+    """Where the records measured so far are kept during a run."""
+    return out.with_suffix(".partial.json") if out.suffix == ".json" else out / "report.partial.json"
 
 
 def write_report(out: Path, payload: dict[str, Any]) -> None:

@@ -152,3 +152,12 @@ def test_fp8_tables_give_the_speedup_over_flash4s_own_bf16_forward():
     header = next(line for line in fp8_section.splitlines() if line.startswith("| mask"))
     row = next(line for line in fp8_section.splitlines() if line.startswith("| full") or line.startswith("| causal"))
     assert header.split(" | ")[-2] == "flash4 / flash4-bf16" and row.split(" | ")[-2] == "1.600"
+
+
+def test_a_run_keeps_its_records_so_far_beside_its_report():
+    from pathlib import Path
+
+    from flash4.bench import _partial_path
+
+    assert _partial_path(Path("out/h200.json")) == Path("out/h200.partial.json")
+    assert _partial_path(Path("out")) == Path("out/report.partial.json")
