@@ -246,6 +246,79 @@ def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
 compiled_backward = functools.lru_cache(maxsize=None)(compile_backward)
 
 
+# The FP8 quantization's inputs (e4m3: V's values laid out for the FP8 kernel, over a
+# descale of 1, which leaves each value as it is).
+QUANTIZE_INPUT_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn")
+# Rows per CTA when the descale is given (per tensor): as many as a blockwise block.
+PER_TENSOR_BLOCK_ROWS = 128
+
+
+def _quantize_dtype(name: str) -> Any:
+    import cutlass
+
+    return {"float32": cutlass.Float32, "float8_e4m3fn": cutlass.Float8E4M3FN}.get(name) or _cutlass_dtype(name)
+
+
+def compile_quantize_fp8(dtype_name: str, head_dim: int, block_rows: int | None, *options: str) -> Any:
+    """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
+    dim and descale block (None: one descale per tensor, given). Call it as ``fn(x, values,
+    descale)`` with torch tensors: x (batch, seqlen, heads, head_dim), values e4m3 of the
+    same shape, descale float32 (batch, heads, blocks) to be written, or (1,) to be read."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from flash4.kernels.quantize_fp8 import QuantizeFp8Rows
+
+    dtype = _quantize_dtype(dtype_name)
+    batch, seqlen, heads, blocks = (cute.sym_int() for _ in range(4))
+    x = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
+    values = _fake_tensor(cutlass.Float8E4M3FN, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
+    per_tensor = block_rows is None
+    descale_shape = (1,) if per_tensor else (batch, heads, blocks)
+    descale = _fake_tensor(cutlass.Float32, descale_shape, LSE_ALIGN_BYTES)
+    kernel = QuantizeFp8Rows(head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(kernel, x, values, descale, stream, options=flags)
+
+
+compiled_quantize_fp8 = functools.lru_cache(maxsize=None)(compile_quantize_fp8)
+
+
+def compile_quantize_fp8_transposed_v(dtype_name: str, head_dim: int, *options: str) -> Any:
+    """V over a given per-tensor descale into the FP8 kernel's V layout
+    (kernels/quantize_fp8.py). Call it as ``fn(v, out, descale)``: v (batch, seqlen,
+    kv_heads, head_dim), out uint8 (batch, kv_heads, head_dim, keys padded to whole groups
+    of 32), descale float32 (1,)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from flash4.kernels.quantize_fp8 import QuantizeFp8TransposedV
+
+    dtype = _quantize_dtype(dtype_name)
+    batch, seqlen, heads, padded = (cute.sym_int() for _ in range(4))
+    v = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
+    out = _fake_tensor(cutlass.Uint8, (batch, heads, head_dim, padded), TMA_ALIGN_BYTES)
+    descale = _fake_tensor(cutlass.Float32, (1,), LSE_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(QuantizeFp8TransposedV(head_dim, dtype), v, out, descale, stream, options=flags)
+
+
+compiled_quantize_fp8_transposed_v = functools.lru_cache(maxsize=None)(compile_quantize_fp8_transposed_v)
+
+
+def compile_quantize_report(
+    dtype_name: str, head_dim: int, block_rows: int | None, transposed_v: bool = False, arch: str = "sm_90a"
+) -> CompileReport:
+    """``compile_entry`` for the FP8 quantization kernels."""
+    if transposed_v:
+        return _compile_with_report(
+            lambda *flags: compile_quantize_fp8_transposed_v(dtype_name, head_dim, *flags), arch, False
+        )
+    return _compile_with_report(lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, *flags), arch, False)
+
+
 def compile_entry(
     entry: KernelEntry, arch: str = "sm_90a", with_lse: bool = True, keep_cubin: bool = False
 ) -> CompileReport:

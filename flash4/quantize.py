@@ -14,7 +14,8 @@ an outlier in one coordinate is spread over all d of them, and a block's scale i
 set by its one largest entry. V is not rotated (that would rotate the output). The
 transform runs as log2(d) butterfly stages, O(d log d) per row, never a dense matmul.
 
-Runs on CPU and CUDA (torch only); the FP8 kernel consumes what it returns.
+On CUDA, kernels/quantize_fp8.py does it in one kernel per tensor (plus torch's largest
+magnitude for a per-tensor descale); on CPU, torch. The FP8 kernel consumes what it returns.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
 FP8_KEY_GROUP = 32
+# The GPU kernels read rows in 16-byte vectors (the widest load a thread issues).
+KERNEL_VECTOR_BYTES = 16
 # The sign vector of the rotation comes from this seed, so that Q and K quantized apart get
 # the same rotation (and with it Q Kᵀ unchanged).
 HADAMARD_SEED = 0x5EED
@@ -108,6 +111,8 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     # blocks then reduce that 1/head_dim-sized tensor) and one pass that divides in float32
     # and rounds to e4m3 as it stores: no float32 copy, no padded copy, no |x| tensor.
     x = hadamard_rotate(x) if hadamard else x
+    if _gpu_kernel_takes(x):
+        return _quantize_on_gpu(x, block, hadamard)
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     low, high = torch.aminmax(x, dim=-1)
     row_amax = torch.maximum(high, -low).float()  # (b, s, h)
@@ -176,6 +181,8 @@ def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     batch, seqlen, heads, head_dim = v.shape
     low, high = torch.aminmax(v)
     descale = _descale(torch.maximum(high, -low).float())
+    if _gpu_kernel_takes(v):
+        return Fp8TransposedV(_value_layout_on_gpu(v, descale), descale, None, seqlen)
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=FP8_DTYPE, device=v.device)
     # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
     _store_in_kernel_layout(v, out, lambda dst, src: torch.div(src, descale.reshape(1), out=dst))
@@ -194,9 +201,65 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
+    if _gpu_kernel_takes(values):
+        # A descale of 1 leaves each e4m3 value as it is.
+        return _value_layout_on_gpu(values, torch.ones((), device=values.device))
     # Through uint8: the same bits, and copy and pad work on it everywhere.
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=values.device)
     _store_in_kernel_layout(values.view(torch.uint8), out, lambda dst, src: dst.copy_(src))
+    return out.view(FP8_DTYPE)
+
+
+def _gpu_kernel_takes(x: Tensor) -> bool:
+    """Whether the GPU kernels (kernels/quantize_fp8.py) take ``x``: a non-empty CUDA
+    tensor of a dtype they read, rows of whole 16-byte vectors. Others (CPU tensors, odd
+    head dims) take the torch path, to the same definition."""
+    from flash4.compiler import QUANTIZE_INPUT_DTYPES
+
+    return (
+        x.is_cuda and str(x.dtype).removeprefix("torch.") in QUANTIZE_INPUT_DTYPES
+        and x.shape[-1] * x.element_size() % KERNEL_VECTOR_BYTES == 0 and x.numel() > 0
+    )
+
+
+def _kernel_input(x: Tensor) -> Tensor:
+    """``x`` as the kernels read it: unit innermost stride, the others and the address
+    multiples of 16 bytes (a contiguous copy where they are not)."""
+    size = x.element_size()
+    aligned = (
+        x.stride(-1) == 1 and x.data_ptr() % KERNEL_VECTOR_BYTES == 0
+        and all(stride * size % KERNEL_VECTOR_BYTES == 0 for stride in x.stride()[:-1])
+    )
+    return x if aligned else x.contiguous()
+
+
+def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
+    from flash4.compiler import compiled_quantize_fp8
+
+    x = _kernel_input(x)
+    batch, seqlen, heads, head_dim = x.shape
+    values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    dtype = str(x.dtype).removeprefix("torch.")
+    with torch.cuda.device(x.device):
+        if block is None:
+            low, high = torch.aminmax(x)
+            descale = _descale(torch.maximum(high, -low).float())
+            compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1))
+        else:
+            descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
+            compiled_quantize_fp8(dtype, head_dim, block)(x, values, descale)
+    return Fp8Tensor(values, descale, block, hadamard)
+
+
+def _value_layout_on_gpu(v: Tensor, descale: Tensor) -> Tensor:
+    """v over the per-tensor ``descale``, rounded to e4m3 in the FP8 kernel's V layout."""
+    from flash4.compiler import compiled_quantize_fp8_transposed_v
+
+    v = _kernel_input(v)
+    batch, seqlen, heads, head_dim = v.shape
+    out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=v.device)
+    with torch.cuda.device(v.device):
+        compiled_quantize_fp8_transposed_v(str(v.dtype).removeprefix("torch."), head_dim)(v, out, descale.reshape(1))
     return out.view(FP8_DTYPE)
 
 

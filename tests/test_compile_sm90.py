@@ -163,3 +163,30 @@ def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
         assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     assert "div.rn.f32" in blockwise.ptx and "div.rn.f32" not in table.ptx
     assert table.ptx.count("ld.global") < blockwise.ptx.count("ld.global")
+
+
+@pytest.mark.parametrize(
+    "dtype,head_dim,block", [("bfloat16", 64, 192), ("float16", 128, None), ("float32", 256, 128)]
+)
+def test_quantize_kernel_reads_16_byte_vectors_and_divides_exactly(dtype, head_dim, block):
+    # kernels/quantize_fp8.py: 16-byte loads, IEEE float32 divisions (the definition's
+    # rounding), e4m3 conversions four to a register, one store per vector; nothing spilled.
+    from flash4.compiler import compile_quantize_report
+
+    report = compile_quantize_report(dtype, head_dim, block)
+    assert report.spill_bytes == 0
+    assert "ld.global.v4.b32" in report.ptx and "div.rn.f32" in report.ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in report.ptx
+    # A 16-byte vector of 16-bit values is 8 e4m3 bytes; of float32, 4.
+    assert ("st.global.b32" if dtype == "float32" else "st.global.v2.b32") in report.ptx
+    # Blockwise: the block's largest magnitude is one warp reduction, its descale one store.
+    assert ("shfl.sync.bfly" in report.ptx) == (block is not None)
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
+def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
+    from flash4.compiler import compile_quantize_report
+
+    report = compile_quantize_report(dtype, 128, None, transposed_v=True)
+    assert report.spill_bytes == 0
+    assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx

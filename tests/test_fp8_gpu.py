@@ -147,15 +147,20 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
 
 @pytest.mark.parametrize("block", (None, 128, 192), ids=("tensor", "b128", "b192"))
 @pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
-def test_quantization_and_v_layout_on_the_gpu(block, hadamard):
-    # For a ragged length (a partial last block, a partial key group), from bf16: each
-    # descale is its block's largest magnitude over 448 (to an ulp: CUDA divides by a scalar
-    # through its reciprocal), each value the rotated input divided by its descale in float32
-    # and rounded to e4m3, exactly; V's layout is the CPU's, byte for byte.
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
+def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
+    # The GPU kernels (kernels/quantize_fp8.py; float32 input after the rotation) on a
+    # strided input (every other head-dim-sized slice of its rows) of a ragged length (a
+    # partial last block, a partial key group): each descale is its block's largest
+    # magnitude over 448 (to an ulp: torch divides by a scalar through its reciprocal), each
+    # value the rotated input divided by its descale in float32 and rounded to e4m3,
+    # exactly; V's layout is the CPU's, byte for byte.
     from flash4.quantize import FP8_DTYPE, hadamard_rotate
 
-    x = torch.randn(2, 1000, 3, 128, dtype=torch.bfloat16, device="cuda") * 5
+    x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
     x[0, 7, 1, 3] = 300.0
+    x[1, 999, 2, head_dim - 1] = -200.0
     got = flash4.quantize_fp8(x, block, hadamard)
     rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
     assert torch.allclose(got.descale.cpu(), flash4.quantize_fp8(rotated, block).descale, rtol=2.0**-22, atol=0)

@@ -1,0 +1,183 @@
+"""FP8 (e4m3) quantization of attention inputs on the GPU: flash4.quantize_fp8's definition
+in one pass over the input per descale block instead of torch's several.
+
+``QuantizeFp8Rows``: x (batch, seqlen, heads, head_dim) to e4m3 values of the same shape.
+Blockwise, each CTA owns one block of rows of one head: it reads the block once for its
+largest magnitude, writes descale = amax / 448 (1 for an all-zero block), then reads the
+block again (from L2, where the first read left it) and stores x / descale rounded to e4m3.
+Per tensor, the descale is given and only the second read happens.
+
+``QuantizeFp8TransposedV``: V with a given per-tensor descale, stored straight into the FP8
+forward kernel's V layout (flash4.quantize.fp8_value_layout): (batch, kv_heads, head_dim,
+keys), keys contiguous, zero-padded to whole groups of 32 and renamed within each group by
+FP8_PV_KEY_ORDER. One warp per group: lane p reads key FP8_PV_KEY_ORDER[p] and writes
+position p, so the 32 lanes' byte stores fill one 32-byte segment per head-dim row.
+
+Values are divided in float32 (IEEE division, as torch does) and rounded to nearest even;
+cvt's satfinite never acts, as |x| / descale <= 448 by construction.
+
+One warp per CTA: a block's largest magnitude is one warp reduction, with no shared memory
+and no barrier; many small CTAs per SM keep enough loads in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from ..pipelines.warp_roles import THREADS_PER_WARP
+from .mma_layouts import FP8_PV_KEY_ORDER
+from .packed_convert import convert_packed
+from .wgmma import rows_first
+
+# 16-byte global loads: the widest a thread issues.
+LOAD_BYTES = 16
+# e4m3's largest finite value: a block's largest magnitude is scaled onto it.
+E4M3_MAX = 448.0
+# Loads a lane keeps in flight in the loops over a block (unrolled this far).
+LOADS_IN_FLIGHT = 8
+# V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
+KEY_GROUP = len(FP8_PV_KEY_ORDER)
+
+
+class QuantizeFp8Rows:
+    """e4m3 values of a (batch, seqlen, heads, head_dim) tensor with one descale per
+    ``block_rows`` rows of a head (written by the kernel), or one given per tensor."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool):
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.block_rows = block_rows
+        self.per_tensor = per_tensor
+        self.vector = LOAD_BYTES * 8 // dtype.width
+        if head_dim % self.vector:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vectors_per_row = head_dim // self.vector
+        # The block's vectors, dealt out to the lanes in turn (consecutive lanes read
+        # consecutive 16 bytes of a row).
+        self.turns = -(-block_rows * self.vectors_per_row // THREADS_PER_WARP)
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,  # (batch, seqlen, heads, head_dim), 16- or 32-bit
+        mValues: cute.Tensor,  # (batch, seqlen, heads, head_dim), e4m3
+        mDescale: cute.Tensor,  # (batch, heads, blocks) float32, or (1,) given per tensor
+        stream: cuda.CUstream,
+    ):
+        mX, mValues = rows_first(mX), rows_first(mValues)
+        blocks = cute.ceil_div(cute.size(mX.shape[0]), self.block_rows)
+        self.kernel(mX, mValues, mDescale).launch(
+            grid=(blocks, cute.size(mX.shape[2]), cute.size(mX.shape[3])),
+            block=[THREADS_PER_WARP, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mValues: cute.Tensor, mDescale: cute.Tensor):
+        lane = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen = mX.shape[0]
+        first_row = m_block * self.block_rows
+        # The block's rows that exist: a last block may be partial.
+        end_row = first_row + self.block_rows
+        if seqlen < end_row:
+            end_row = seqlen
+        descale = Float32(1.0)
+        if cutlass.const_expr(self.per_tensor):
+            descale = mDescale[0]
+        else:
+            amax = Float32(0.0)
+            for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
+                index = turn * THREADS_PER_WARP + lane
+                row = first_row + index // self.vectors_per_row
+                if row < end_row:
+                    x = self._load(mX, row, index % self.vectors_per_row, head, batch)
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(
+                        x.reduce(cute.ReductionOp.MAX, Float32(0.0), 0),
+                        -x.reduce(cute.ReductionOp.MIN, Float32(0.0), 0),
+                    ))
+            amax = cute.arch.warp_reduction_max(amax, threads_in_group=THREADS_PER_WARP)
+            descale = amax / E4M3_MAX if amax > 0.0 else Float32(1.0)
+            if lane == 0:
+                mDescale[batch, head, m_block] = descale
+        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
+            index = turn * THREADS_PER_WARP + lane
+            row = first_row + index // self.vectors_per_row
+            if row < end_row:
+                column = index % self.vectors_per_row
+                quotient = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
+                quotient.store(self._load(mX, row, column, head, batch) / descale)
+                values = cute.make_rmem_tensor(cute.make_layout(self.vector), mValues.element_type)
+                convert_packed(quotient, values)
+                cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
+
+    @cute.jit
+    def _load(self, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32) -> cute.TensorSSA:
+        """One 16-byte vector of ``row`` (the ``column``-th of the row), as float32."""
+        x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
+        return x.load().to(Float32)
+
+
+class QuantizeFp8TransposedV:
+    """V (batch, seqlen, kv_heads, head_dim) over a given per-tensor descale, as e4m3 bytes
+    in the FP8 forward kernel's V layout (batch, kv_heads, head_dim, padded keys)."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.vector = LOAD_BYTES * 8 // dtype.width
+        if head_dim % self.vector:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+
+    @cute.jit
+    def __call__(
+        self,
+        mV: cute.Tensor,  # (batch, seqlen, kv_heads, head_dim), 16- or 32-bit
+        mOut: cute.Tensor,  # (batch, kv_heads, head_dim, padded keys), uint8 (e4m3 bits)
+        mDescale: cute.Tensor,  # (1,) float32
+        stream: cuda.CUstream,
+    ):
+        mV = rows_first(mV)
+        self.kernel(mV, mOut, mDescale).launch(
+            grid=(cute.size(mOut.shape[3]) // KEY_GROUP, cute.size(mOut.shape[1]), cute.size(mOut.shape[0])),
+            block=[THREADS_PER_WARP, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mV: cute.Tensor, mOut: cute.Tensor, mDescale: cute.Tensor):
+        position = cute.arch.thread_idx()[0]
+        group, head, batch = cute.arch.block_idx()
+        descale = mDescale[0]
+        key = group * KEY_GROUP + self._key_at(position)
+        column = group * KEY_GROUP + position
+        for chunk in cutlass.range(self.head_dim // self.vector, unroll=LOADS_IN_FLIGHT):
+            words = cute.make_rmem_tensor(cute.make_layout(self.vector // 4), Int32)
+            words.fill(0)  # padding keys: e4m3 zero
+            if key < mV.shape[0]:
+                x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+                cute.autovec_copy(cute.local_tile(mV[key, None, head, batch], (self.vector,), (chunk,)), x)
+                quotient = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
+                quotient.store(x.load().to(Float32) / descale)
+                values = cute.make_rmem_tensor(cute.make_layout(self.vector), cutlass.Float8E4M3FN)
+                convert_packed(quotient, values)
+                words.store(cute.recast_tensor(values, Int32).load())
+            for j in cutlass.range_constexpr(self.vector):
+                byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF
+                mOut[batch, head, chunk * self.vector + j, column] = cutlass.Uint8(byte)
+
+    @cute.jit
+    def _key_at(self, position: Int32) -> Int32:
+        """FP8_PV_KEY_ORDER[position]: the order moves each bit of the position to another
+        bit of the key (flash4.quantize checks this of the order)."""
+        key = Int32(0)
+        for bit in cutlass.range_constexpr(KEY_GROUP.bit_length() - 1):
+            moved = FP8_PV_KEY_ORDER[1 << bit].bit_length() - 1
+            key = key | (((position >> bit) & 1) << moved)
+        return key
