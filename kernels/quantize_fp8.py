@@ -16,8 +16,11 @@ position p, so the 32 lanes' byte stores fill one 32-byte segment per head-dim r
 Values are divided in float32 (IEEE division, as torch does) and rounded to nearest even;
 cvt's satfinite never acts, as |x| / descale <= 448 by construction.
 
-One warp per CTA: a block's largest magnitude is one warp reduction, with no shared memory
-and no barrier; many small CTAs per SM keep enough loads in flight.
+A block's CTA has four warps: with one, a head-dim-256 block of 128 rows kept one warp
+busy for 128 loads in turn, and the 1024 CTAs of a 16k-token tensor left 8 warps per SM,
+too few loads in flight (quantizing took 2.5x the FP8 attention it fed at seqlen 1k). The
+warps combine their largest magnitudes through shared memory. The V kernel keeps one warp
+per key group (a grid of 32-key groups is large enough).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ LOAD_BYTES = 16
 E4M3_MAX = 448.0
 # Loads a lane keeps in flight in the loops over a block (unrolled this far).
 LOADS_IN_FLIGHT = 8
+# Warps of a blockwise CTA (see the module docstring).
+ROW_WARPS = 4
+ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
 KEY_GROUP = len(FP8_PV_KEY_ORDER)
 
@@ -57,9 +63,9 @@ class QuantizeFp8Rows:
         if head_dim % self.vector:
             raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
         self.vectors_per_row = head_dim // self.vector
-        # The block's vectors, dealt out to the lanes in turn (consecutive lanes read
+        # The block's vectors, dealt out to the threads in turn (consecutive threads read
         # consecutive 16 bytes of a row).
-        self.turns = -(-block_rows * self.vectors_per_row // THREADS_PER_WARP)
+        self.turns = -(-block_rows * self.vectors_per_row // ROW_THREADS)
 
     @cute.jit
     def __call__(
@@ -73,13 +79,13 @@ class QuantizeFp8Rows:
         blocks = cute.ceil_div(cute.size(mX.shape[0]), self.block_rows)
         self.kernel(mX, mValues, mDescale).launch(
             grid=(blocks, cute.size(mX.shape[2]), cute.size(mX.shape[3])),
-            block=[THREADS_PER_WARP, 1, 1],
+            block=[ROW_THREADS, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mValues: cute.Tensor, mDescale: cute.Tensor):
-        lane = cute.arch.thread_idx()[0]
+        tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
         seqlen = mX.shape[0]
         first_row = m_block * self.block_rows
@@ -91,9 +97,10 @@ class QuantizeFp8Rows:
         if cutlass.const_expr(self.per_tensor):
             descale = mDescale[0]
         else:
+            warp_amax = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(ROW_WARPS))
             amax = Float32(0.0)
             for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-                index = turn * THREADS_PER_WARP + lane
+                index = turn * ROW_THREADS + tidx
                 row = first_row + index // self.vectors_per_row
                 if row < end_row:
                     x = self._load(mX, row, index % self.vectors_per_row, head, batch)
@@ -102,11 +109,16 @@ class QuantizeFp8Rows:
                         -x.reduce(cute.ReductionOp.MIN, Float32(0.0), 0),
                     ))
             amax = cute.arch.warp_reduction_max(amax, threads_in_group=THREADS_PER_WARP)
+            if tidx % THREADS_PER_WARP == 0:
+                warp_amax[tidx // THREADS_PER_WARP] = amax
+            cute.arch.barrier()
+            for warp in cutlass.range_constexpr(ROW_WARPS):
+                amax = cute.arch.fmax(amax, warp_amax[warp])
             descale = amax / E4M3_MAX if amax > 0.0 else Float32(1.0)
-            if lane == 0:
+            if tidx == 0:
                 mDescale[batch, head, m_block] = descale
         for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-            index = turn * THREADS_PER_WARP + lane
+            index = turn * ROW_THREADS + tidx
             row = first_row + index // self.vectors_per_row
             if row < end_row:
                 column = index % self.vectors_per_row
