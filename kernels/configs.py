@@ -59,6 +59,12 @@ class Sm90ForwardConfig:
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
     # general path (1-20% on the H200 at head dim 64; flash4/dispatch.py).
     fp8_v_per_tensor: bool = False
+    # FP8 with one Q descale per 64 query rows (each consumer warpgroup's rows) instead of
+    # per tile: Q's descale blocks no longer depend on the tile, so a row of the table may
+    # pick its tile height by mask and length (128-row tiles for short causal sequences,
+    # as the 16-bit rows do) while flash4.fp8.fp8_blocks keeps one answer per head dim; and
+    # finer blocks round Q closer. [Sweep candidate, not yet run on a GPU.]
+    q_descale_per_warpgroup: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -98,6 +104,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
+        if self.q_descale_per_warpgroup and not self.fp8:
+            raise ValueError("q_descale_per_warpgroup=True: only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:

@@ -23,6 +23,7 @@ from flash4 import bench
 from flash4.compiler import compiled_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
+from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP
 
 # Each list: the selector's row ({}) and changes to it. Tried on the H200 and not taken
 # (2026-11-29, see flash4/dispatch.py): 176- and 192-key blocks at head dim 128, O's rescale
@@ -35,10 +36,17 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     256: [dict(), dict(deterministic=True)],
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
-# tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
-# flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. Not taken: every 8th
-# exponential on the FMA pipe, 160-key blocks at head dim 128 (flash4/dispatch.py).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# tile_m rows (64 with q_descale_per_warpgroup) and K of tile_n, V per tensor as
+# flash_attn_fp8 quantizes it; beside it flash4's FP8 call (the selector's tiles) and
+# cuDNN's FP8 attention. Candidates: Q descales per warpgroup, alone and with 128-row tiles
+# at head dim 64 (the 16-bit rows' choice for causal sequences below 4k, where the FP8 row
+# trails cuDNN: 155 against 191 TFLOP/s at 512). Not taken: every 8th exponential on the
+# FMA pipe, 160-key blocks at head dim 128 (flash4/dispatch.py).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(q_descale_per_warpgroup=True), dict(q_descale_per_warpgroup=True, consumer_warpgroups=2)],
+    128: [dict(), dict(q_descale_per_warpgroup=True)],
+    256: [dict(), dict(q_descale_per_warpgroup=True)],
+}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
@@ -79,9 +87,10 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
 
         config = entry.config
         kernel = compiled_forward(entry)
-        q8, k8, v8 = quantize_fp8(q, config.tile_m), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
+        q_rows = ROWS_PER_CONSUMER_WARPGROUP if config.q_descale_per_warpgroup else config.tile_m
+        q8, k8, v8 = quantize_fp8(q, q_rows), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
         batch, seqlen_q, heads, _ = q.shape
-        kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // config.tile_m), -(-k.shape[1] // config.tile_n)
+        kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // q_rows), -(-k.shape[1] // config.tile_n)
         vt = fp8_value_layout(v8.values)
         descales = (
             tile_descales(q8, batch, heads, blocks_q),

@@ -190,3 +190,18 @@ def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
     report = compile_quantize_report(dtype, 128, None, transposed_v=True)
     assert report.spill_bytes == 0
     assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx
+
+
+@pytest.mark.parametrize("warpgroups", (2, 3))
+def test_q_descale_per_warpgroup_candidate_compiles_clean(warpgroups):
+    # The FP8 sweep candidate: one Q descale load per warpgroup and tile, nothing spilled,
+    # no serialised wgmma, with 2- and 3-warpgroup tiles at head dim 64.
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import select_fp8
+
+    entry = select_fp8("sm_90a", 64, True, 1024, v_per_tensor=True)
+    config = dataclasses.replace(entry.config, q_descale_per_warpgroup=True, consumer_warpgroups=warpgroups)
+    report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a")
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0

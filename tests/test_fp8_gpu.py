@@ -43,11 +43,12 @@ def _rms(x: torch.Tensor) -> float:
     return x.double().pow(2).mean().sqrt().item()
 
 
-def _check(q8, k8, v8, causal, out, lse):
+def _check(q8, k8, v8, causal, out, lse, block_m=None):
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
     blocks = fp8_blocks(qd.shape[-1])
-    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv)[0]
+    block_m = block_m or blocks.q
+    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=block_m, block_n=blocks.kv)[0]
     model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
     bound = RMSE_SLACK * _rms(model - exact) + BF16_HALF_STEP * _rms(exact)
@@ -236,3 +237,23 @@ def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen):
     out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     torch.cuda.synchronize()
     _check(q8, k8, v8, causal, out, lse)
+
+
+@pytest.mark.parametrize("head_dim,warpgroups", ((64, 3), (64, 2), (128, 2), (256, 2)))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (100, 3000), (3000, 1000)))
+def test_q_descale_per_warpgroup_candidate_matches_its_model(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
+    # The sweep's candidate with one Q descale per 64 rows: each warpgroup of a 2- or 3-
+    # warpgroup tile reads its own, and a ragged last tile's idle warpgroups the last one.
+    # Q's magnitude changes 16-fold from one 64-row block to the next, so a warpgroup that
+    # read a neighbour's descale would err far beyond the model's bound.
+    from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP as ROWS
+
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q + 7 * seqlen_k + head_dim + warpgroups)
+    q = torch.randn(2, seqlen_q, 8, head_dim, device="cuda", generator=g)
+    q *= (4.0 ** (torch.arange(seqlen_q, device="cuda") // ROWS % 3 - 1)).view(1, -1, 1, 1)
+    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", generator=g) for _ in range(2))
+    q8 = flash4.quantize_fp8(q.bfloat16(), ROWS)
+    k8, v8 = flash4.quantize_fp8(k.bfloat16(), fp8_blocks(head_dim).kv), flash4.quantize_fp8(v.bfloat16(), None)
+    out, lse = _run_variant(q8, k8, v8, causal, q_descale_per_warpgroup=True, consumer_warpgroups=warpgroups)
+    _check(q8, k8, v8, causal, out, lse, block_m=ROWS)
