@@ -107,12 +107,12 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
         raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
-    # blocks then reduce that 1/head_dim-sized tensor) and one pass that divides in float32
-    # and rounds to e4m3 as it stores: no float32 copy, no padded copy, no |x| tensor.
     x = hadamard_rotate(x) if hadamard else x
     if _gpu_kernel_takes(x):
         return _quantize_on_gpu(x, block, hadamard)
+    # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
+    # blocks then reduce that 1/head_dim-sized tensor) and one pass that divides in float32
+    # and rounds to e4m3 as it stores: no float32 copy, no padded copy, no |x| tensor.
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     low, high = torch.aminmax(x, dim=-1)
     row_amax = torch.maximum(high, -low).float()  # (b, s, h)
@@ -195,9 +195,9 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
     holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel.
 
-    One strided copy: the order only permutes the bits of a key's index within its group,
-    so the whole layout is a view of V (``_kernel_layout_view``); only a last partial group
-    is padded, apart."""
+    On CUDA, the V quantization kernel over a descale of 1; elsewhere one strided copy: the
+    order only permutes the bits of a key's index within its group, so the whole layout is
+    a view of V (``_kernel_layout_view``); only a last partial group is padded, apart."""
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
@@ -217,7 +217,7 @@ def _gpu_kernel_takes(x: Tensor) -> bool:
     from flash4.compiler import QUANTIZE_INPUT_DTYPES
 
     return (
-        x.is_cuda and str(x.dtype).removeprefix("torch.") in QUANTIZE_INPUT_DTYPES
+        x.is_cuda and _dtype_name(x) in QUANTIZE_INPUT_DTYPES
         and x.shape[-1] * x.element_size() % KERNEL_VECTOR_BYTES == 0 and x.numel() > 0
     )
 
@@ -233,13 +233,18 @@ def _kernel_input(x: Tensor) -> Tensor:
     return x if aligned else x.contiguous()
 
 
+def _dtype_name(x: Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
 def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
+    """``quantize_fp8`` of an (already rotated) CUDA tensor by kernels/quantize_fp8.py."""
     from flash4.compiler import compiled_quantize_fp8
 
     x = _kernel_input(x)
     batch, seqlen, heads, head_dim = x.shape
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    dtype = str(x.dtype).removeprefix("torch.")
+    dtype = _dtype_name(x)
     with torch.cuda.device(x.device):
         if block is None:
             low, high = torch.aminmax(x)
@@ -259,7 +264,7 @@ def _value_layout_on_gpu(v: Tensor, descale: Tensor) -> Tensor:
     batch, seqlen, heads, head_dim = v.shape
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=v.device)
     with torch.cuda.device(v.device):
-        compiled_quantize_fp8_transposed_v(str(v.dtype).removeprefix("torch."), head_dim)(v, out, descale.reshape(1))
+        compiled_quantize_fp8_transposed_v(_dtype_name(v), head_dim)(v, out, descale.reshape(1))
     return out.view(FP8_DTYPE)
 
 
