@@ -34,13 +34,12 @@ from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .mma_layouts import FP8_PV_KEY_ORDER
+from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
 # 16-byte global loads: the widest a thread issues.
 LOAD_BYTES = 16
-# e4m3's largest finite value: a block's largest magnitude is scaled onto it.
-E4M3_MAX = 448.0
 # Loads a lane keeps in flight in the loops over a block (unrolled this far).
 LOADS_IN_FLIGHT = 8
 # Warps of a blockwise CTA (see the module docstring).
