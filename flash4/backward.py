@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
-from flash4.compiler import compiled_backward, compiled_backward_preprocess
+from flash4.compiler import compiled_backward, compiled_backward_postprocess, compiled_backward_preprocess
 from flash4.kernels.configs import Sm90BackwardConfig
 
 # Per head dim: query rows per block, and for head dim 256 the head-dim split (its dK and
@@ -110,7 +110,12 @@ def attention_backward(
     if grouped:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
-    # One torch kernel: scale, convert and transpose (b, h, s, d) -> (b, s, h, d).
-    accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q].transpose(1, 2)
-    torch.mul(accum, problem.softmax_scale, out=dq)
+    if config.dq_convert_kernel:
+        compiled_backward_postprocess(problem.dtype, head_dim)(
+            dq_accum.view(batch, heads, padded, head_dim), dq, problem.softmax_scale
+        )
+    else:
+        # One torch kernel: scale, convert and transpose (b, h, s, d) -> (b, s, h, d).
+        accum = dq_accum.view(batch, heads, padded, head_dim)[:, :, :seqlen_q].transpose(1, 2)
+        torch.mul(accum, problem.softmax_scale, out=dq)
     return dq, dk, dv

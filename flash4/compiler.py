@@ -199,6 +199,28 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
+def compile_backward_postprocess(dtype_name: str, head_dim: int, *options: str) -> Any:
+    """The backward postprocess (kernels/sm90_bwd_postprocess.py): dQ out of its fp32
+    accumulator. Call it as ``fn(dq_accum, dq, softmax_scale)``: dq_accum float32 (batch,
+    heads, padded seqlen_q, head_dim), dq 16-bit (batch, seqlen_q, heads, head_dim)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from flash4.kernels.sm90_bwd_postprocess import Sm90BackwardPostprocess
+
+    dtype = _cutlass_dtype(dtype_name)
+    batch, seqlen_q, heads, padded = (cute.sym_int() for _ in range(4))
+    accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), DQ_ACCUM_ALIGN_BYTES)
+    dq = _fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    kernel = Sm90BackwardPostprocess(head_dim, dtype)
+    return cute.compile(kernel, accum, dq, cutlass.Float32(1.0), stream, options=flags)
+
+
+compiled_backward_postprocess = functools.lru_cache(maxsize=None)(compile_backward_postprocess)
+
+
 def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool) -> tuple:
     import cutlass
     import cutlass.cute as cute
@@ -306,6 +328,11 @@ def compile_quantize_fp8_transposed_v(dtype_name: str, head_dim: int, *options: 
 
 
 compiled_quantize_fp8_transposed_v = functools.lru_cache(maxsize=None)(compile_quantize_fp8_transposed_v)
+
+
+def compile_backward_postprocess_report(dtype_name: str, head_dim: int, arch: str = "sm_90a") -> CompileReport:
+    """``compile_entry`` for the backward postprocess."""
+    return _compile_with_report(lambda *flags: compile_backward_postprocess(dtype_name, head_dim, *flags), arch, False)
 
 
 def compile_quantize_report(

@@ -148,6 +148,12 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
+    # dQ converted out of its fp32 accumulator by kernels/sm90_bwd_postprocess.py (16-byte
+    # loads, 8-byte stores) instead of torch's strided mixed-dtype multiply, which moves the
+    # same 200 MB per 16k-token call without vectorised access; flash-attn-4's fixed cost
+    # per call is about 100 us below flash4's at head dims 64 and 128 (a fit of T = fixed +
+    # FLOPs / rate to the H200 tables). [Sweep candidate, not yet run on a GPU.]
+    dq_convert_kernel: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

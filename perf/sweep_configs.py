@@ -29,11 +29,12 @@ from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP
 # (2026-11-29, see flash4/dispatch.py): 176- and 192-key blocks at head dim 128, O's rescale
 # skipped at head dims 64 and 128.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
-# deterministic=True: the cost of bit-identical gradients (turn-taking fp32 additions).
+# dq_convert_kernel: dQ out of its fp32 accumulator by a CuTe kernel instead of torch's
+# strided multiply. (deterministic=True cost 0.59-0.74x on 2026-11-29; the README has it.)
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(deterministic=True)],
-    128: [dict(), dict(deterministic=True)],
-    256: [dict(), dict(deterministic=True)],
+    64: [dict(), dict(dq_convert_kernel=True)],
+    128: [dict(), dict(dq_convert_kernel=True)],
+    256: [dict(), dict(dq_convert_kernel=True)],
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows (64 with q_descale_per_warpgroup) and K of tile_n, V per tensor as

@@ -86,3 +86,33 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
     for name, got, want, torch_grad in zip(("dq", "dk", "dv"), runs[0], expected, baseline):
         bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 777), (4096, 128)))
+def test_dq_convert_kernel_candidate_gives_the_same_bits(head_dim, causal, dtype, seqlen_q, seqlen_k):
+    # The sweep's candidate converting dQ out of its fp32 accumulator in a CuTe kernel: the
+    # same product rounded once to nearest even as torch's multiply, so the same bits, on
+    # ragged lengths (partial blocks of rows, accumulator padding never read). dK and dV
+    # come from the same kernel either way.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    q = torch.randn(2, seqlen_q, 8, head_dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    config = backward_config(head_dim, causal, grouped=True)
+    runs = []
+    for candidate in (False, True):
+        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        chosen = dataclasses.replace(config, dq_convert_kernel=candidate)
+        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=chosen))
+    torch.cuda.synchronize()
+    assert not runs[0][0].isnan().any()
+    for name, want, got in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(got, want), f"{name} differs with the dQ conversion kernel"

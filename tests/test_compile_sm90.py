@@ -205,3 +205,18 @@ def test_q_descale_per_warpgroup_candidate_compiles_clean(warpgroups):
     config = dataclasses.replace(entry.config, q_descale_per_warpgroup=True, consumer_warpgroups=warpgroups)
     report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a")
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_dq_convert_kernel_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
+    # The backward candidate's postprocess (kernels/sm90_bwd_postprocess.py): four fp32
+    # per load, one fp32 multiply each, a paired round-to-nearest cvt, one 8-byte store.
+    from flash4.compiler import compile_backward_postprocess_report
+
+    report = compile_backward_postprocess_report(dtype, head_dim)
+    assert report.spill_bytes == 0
+    kind = {"bfloat16": "bf16x2", "float16": "f16x2"}[dtype]
+    loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
+    assert loads == stores > 0
+    assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads

@@ -1,0 +1,88 @@
+"""Backward postprocess: dQ out of its fp32 accumulator.
+
+    dQ[b, i, h, :] = dq_accum[b, h, i, :] * softmax_scale      (rounded to the 16-bit dtype)
+
+The main kernel adds every key block's dS K into dq_accum, fp32 (batch, heads, padded
+seqlen_q, head_dim), rows padded to whole query blocks; the softmax scale is left out of
+the GEMM and applied here once. Each thread loads 16 bytes (four fp32 of one row), scales
+them, rounds them in pairs (one cvt per 32-bit register, ``convert_packed``) and stores 8
+bytes into dQ's (batch, seqlen, heads, head_dim) layout. The fp32 product is rounded once,
+to nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
+
+One CTA per (block of rows, head, batch); consecutive threads take consecutive 16 bytes of
+a row, so both the loads and the stores are coalesced.
+"""
+
+from __future__ import annotations
+
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from ..pipelines.warp_roles import THREADS_PER_WARP
+from .packed_convert import convert_packed
+from .wgmma import rows_first
+
+# 16-byte global loads: the widest a thread issues (four fp32).
+LOAD_BYTES = 16
+# Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
+THREADS = 4 * THREADS_PER_WARP
+# Rows per CTA: a block of 64 rows of head dim 128 is 32 KiB of fp32, 16 loads a thread.
+BLOCK_ROWS = 64
+# Loads a thread keeps in flight (the loop over its block is unrolled this far).
+LOADS_IN_FLIGHT = 8
+
+
+class Sm90BackwardPostprocess:
+    """dQ = dq_accum * softmax_scale in a 16-bit dtype, for one head dim."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.vector = LOAD_BYTES * 8 // Float32.width
+        if head_dim % self.vector:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vectors_per_row = head_dim // self.vector
+        self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
+
+    @cute.jit
+    def __call__(
+        self,
+        mAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32
+        mdQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), 16-bit
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        mdQ = rows_first(mdQ)
+        blocks = cute.ceil_div(cute.size(mdQ.shape[0]), BLOCK_ROWS)
+        self.kernel(mAccum, mdQ, softmax_scale).launch(
+            grid=(blocks, cute.size(mdQ.shape[2]), cute.size(mdQ.shape[3])),
+            block=[THREADS, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mAccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        tidx = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        first_row = m_block * BLOCK_ROWS
+        # The block's rows that exist: a last block may be partial (the accumulator's
+        # padding rows are never read).
+        end_row = first_row + BLOCK_ROWS
+        if mdQ.shape[0] < end_row:
+            end_row = mdQ.shape[0]
+        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
+            index = turn * THREADS + tidx
+            row = first_row + index // self.vectors_per_row
+            if row < end_row:
+                column = index % self.vectors_per_row
+                accum = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
+                cute.autovec_copy(cute.local_tile(mAccum[batch, head, row, None], (self.vector,), (column,)), accum)
+                scaled = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
+                scaled.store(accum.load() * softmax_scale)
+                dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+                convert_packed(scaled, dq)
+                cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))
