@@ -90,7 +90,10 @@ def attention_backward(
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
+    preprocess = compiled_backward_preprocess(
+        problem.dtype, head_dim, config.tile_m, loads_first=config.preprocess_loads_first
+    )
+    preprocess(out, dout, lse, delta, lse_log2, dq_accum)
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
     # Deterministic: a turn counter per (query block, head) for dQ, per (key block, kv head)

@@ -154,6 +154,9 @@ class Sm90BackwardConfig:
     # per call is about 100 us below flash4's at head dims 64 and 128 (a fit of T = fixed +
     # FLOPs / rate to the H200 tables). [Sweep candidate, not yet run on a GPU.]
     dq_convert_kernel: bool = False
+    # The preprocess issues all of a thread's O and dO loads before its sums and stores
+    # (kernels/sm90_bwd_preprocess.py). [Sweep candidate, not yet run on a GPU.]
+    preprocess_loads_first: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

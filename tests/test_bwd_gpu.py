@@ -92,11 +92,12 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 777), (4096, 128)))
-def test_dq_convert_kernel_candidate_gives_the_same_bits(head_dim, causal, dtype, seqlen_q, seqlen_k):
-    # The sweep's candidate converting dQ out of its fp32 accumulator in a CuTe kernel: the
-    # same product rounded once to nearest even as torch's multiply, so the same bits, on
-    # ragged lengths (partial blocks of rows, accumulator padding never read). dK and dV
-    # come from the same kernel either way.
+def test_dq_convert_and_preprocess_candidates_give_the_same_bits(head_dim, causal, dtype, seqlen_q, seqlen_k):
+    # The sweep's candidates: dQ converted out of its fp32 accumulator in a CuTe kernel (the
+    # same product rounded once to nearest even as torch's multiply) and the preprocess with
+    # all its loads first (the same sums): the same bits, on ragged lengths (partial blocks
+    # of rows, accumulator padding never read). Deterministic, so that the fp32 additions
+    # into dQ (and GQA's dK, dV) come in one order in both runs.
     import dataclasses
 
     from flash4 import flash_attn_func
@@ -106,13 +107,15 @@ def test_dq_convert_kernel_candidate_gives_the_same_bits(head_dim, causal, dtype
     k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=dtype) for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    config = backward_config(head_dim, causal, grouped=True)
+    config = backward_config(head_dim, causal, grouped=True, deterministic=True)
     runs = []
     for candidate in (False, True):
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        chosen = dataclasses.replace(config, dq_convert_kernel=candidate)
-        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=chosen))
+        chosen = dataclasses.replace(config, dq_convert_kernel=candidate, preprocess_loads_first=candidate)
+        runs.append(attention_backward(
+            q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True, config=chosen
+        ))
     torch.cuda.synchronize()
     assert not runs[0][0].isnan().any()
     for name, want, got in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(got, want), f"{name} differs with the dQ conversion kernel"
+        assert torch.equal(got, want), f"{name} differs with the candidates"
