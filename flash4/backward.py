@@ -3,16 +3,23 @@
 
     preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ accumulator = 0
     main        dK, dV per key block; dQ added into the fp32 accumulator
-    dQ          accumulator · softmax_scale, in the input dtype (torch, for now)
+    dQ          accumulator · softmax_scale, in the input dtype (torch; the dq_convert_kernel
+                candidate: kernels/sm90_bwd_postprocess.py)
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
 from flash4.compiler import compiled_backward, compiled_backward_postprocess, compiled_backward_preprocess
 from flash4.kernels.configs import Sm90BackwardConfig
+
+# Fields of Sm90BackwardConfig that only the host, the preprocess or the postprocess read:
+# one main kernel serves every value of them.
+_NOT_MAIN_KERNEL_FIELDS = dict(dq_convert_kernel=False, preprocess_loads_first=False)
 
 # Per head dim: query rows per block, and for head dim 256 the head-dim split (its dK and
 # dV do not fit one warpgroup's registers; see Sm90BackwardConfig). 128 query rows where
@@ -106,7 +113,7 @@ def attention_backward(
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
-    compiled_backward(config, problem.dtype)(
+    compiled_backward(dataclasses.replace(config, **_NOT_MAIN_KERNEL_FIELDS), problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
         dq_turns, kv_turns, problem.softmax_scale,
     )

@@ -157,6 +157,12 @@ class Sm90BackwardConfig:
     # The preprocess issues all of a thread's O and dO loads before its sums and stores
     # (kernels/sm90_bwd_preprocess.py). [Sweep candidate, not yet run on a GPU.]
     preprocess_loads_first: bool = False
+    # K lands on the first Q stage's barrier and V on the first dO stage's (the producer
+    # loads K, Q, V, dO in that order), so the first Sᵀ GEMM waits for K and Q only, not for
+    # all of K and V before Q; the TMA descriptors are prefetched. Each CTA pays its start
+    # once, 16-31 times per SM per call at head dims 64/128. [Sweep candidate, not yet run
+    # on a GPU.]
+    kv_on_first_stages: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

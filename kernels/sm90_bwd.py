@@ -363,6 +363,10 @@ class Sm90BackwardKernel:
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cutlass.const_expr(self.config.kv_on_first_stages):
+            if warp_idx == 0:
+                for atom in (atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta):
+                    cpasync.prefetch_descriptor(atom)
         n_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.config.deterministic and self.causal):
             # Key blocks last to first (see dq_turn_rank).
@@ -407,20 +411,30 @@ class Sm90BackwardKernel:
         sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring,
         n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
     ):
-        kv_state = producer_state(1)
-        kv_ring.producer_acquire(kv_state)
+        early = self.config.kv_on_first_stages
+        if cutlass.const_expr(not early):
+            kv_state = producer_state(1)
+            kv_ring.producer_acquire(kv_state)
         kv_head = head // (mQ.shape[2] // mK.shape[2])
-        self.load_tile(atom_k, sK, mK[None, None, kv_head, batch], self.tile_n, n_block, kv_ring, kv_state)
-        self.load_tile(atom_v, sV, mV[None, None, kv_head, batch], self.tile_n, n_block, kv_ring, kv_state)
+        gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
+        if cutlass.const_expr(not early):
+            self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
+            self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
             q_ring.producer_acquire(q_state)
+            if cutlass.const_expr(early):
+                if m_block == m_begin:
+                    self.load_on_extra_bytes(atom_k, sK, gK, n_block, q_ring, q_state)
             self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
                            q_ring, q_state)
             self.load_rows(atom_lse, sLSE[None, q_state.index], mLSELog2[None, head, batch], m_block, q_ring, q_state)
             q_state.advance()
             do_ring.producer_acquire(do_state)
+            if cutlass.const_expr(early):
+                if m_block == m_begin:
+                    self.load_on_extra_bytes(atom_v, sV, gV, n_block, do_ring, do_state)
             self.load_tile(atom_do, sdO[None, None, do_state.index], mdO[None, None, head, batch], self.tile_m,
                            m_block, do_ring, do_state)
             self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state)
@@ -432,6 +446,15 @@ class Sm90BackwardKernel:
         ``ring``'s barrier at ``state`` (acquired by the caller)."""
         s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
         cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
+
+    @cute.jit
+    def load_on_extra_bytes(self, atom, smem, gmem, n_block: Int32, ring, state):
+        """TMA of key block ``n_block`` (K or V) counted on a Q or dO stage's barrier, whose
+        expected bytes grow by the tile's (before any of them can land: the stage's own
+        loads are issued after)."""
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_expect_tx(ring.producer_get_barrier(state), self.kv_bytes // 2)
+        self.load_tile(atom, smem, gmem, self.tile_n, n_block, ring, state)
 
     @cute.jit
     def load_rows(self, atom, smem, gmem, block: Int32, ring, state):
@@ -461,8 +484,9 @@ class Sm90BackwardKernel:
             dq_turns = mdQTurns[None, head, batch]
         dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch], dq_turns)
         scale_log2 = softmax_scale * math.log2(math.e)
-        kv_state = consumer_state(1)
-        kv_ring.consumer_wait(kv_state)
+        if cutlass.const_expr(not self.config.kv_on_first_stages):
+            kv_state = consumer_state(1)
+            kv_ring.consumer_wait(kv_state)
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
         masked_end = masked_block_end(

@@ -23,7 +23,7 @@ segments=(
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
   "fp8|300|tests/test_fp8_gpu.py"
-  "bwdcandidates|180|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k candidates or preprocess"
+  "bwdcandidates|240|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k candidates or preprocess"
 )
 
 wanted=("$@")

@@ -30,14 +30,15 @@ from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP
 # skipped at head dims 64 and 128.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # dq_convert_kernel: dQ out of its fp32 accumulator by a CuTe kernel instead of torch's
-# strided multiply; preprocess_loads_first: the preprocess's loads all in flight at once.
-# (deterministic=True cost 0.59-0.74x on 2026-11-29; the README has it.)
-_PRE_AND_POSTPROCESS: list[dict[str, Any]] = [
-    dict(), dict(dq_convert_kernel=True), dict(preprocess_loads_first=True),
-    dict(dq_convert_kernel=True, preprocess_loads_first=True),
+# strided multiply; preprocess_loads_first: the preprocess's loads all in flight at once;
+# kv_on_first_stages: the first Sᵀ GEMM waits for K and Q, not K, V and Q. (deterministic
+# cost 0.59-0.74x on 2026-11-29; the README has it.)
+_BACKWARD_CHANGES: list[dict[str, Any]] = [
+    dict(), dict(dq_convert_kernel=True), dict(preprocess_loads_first=True), dict(kv_on_first_stages=True),
+    dict(dq_convert_kernel=True, preprocess_loads_first=True, kv_on_first_stages=True),
 ]
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: _PRE_AND_POSTPROCESS, 128: _PRE_AND_POSTPROCESS,
-                                                        256: _PRE_AND_POSTPROCESS}
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: _BACKWARD_CHANGES, 128: _BACKWARD_CHANGES,
+                                                        256: _BACKWARD_CHANGES}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows (64 with q_descale_per_warpgroup) and K of tile_n, V per tensor as
 # flash_attn_fp8 quantizes it; beside it flash4's FP8 call (the selector's tiles) and

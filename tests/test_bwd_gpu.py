@@ -88,34 +88,42 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
+CANDIDATES = {
+    "dq_convert_kernel": dict(dq_convert_kernel=True),
+    "preprocess_loads_first": dict(preprocess_loads_first=True),
+    "kv_on_first_stages": dict(kv_on_first_stages=True),
+}
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 777), (4096, 128)))
-def test_dq_convert_and_preprocess_candidates_give_the_same_bits(head_dim, causal, dtype, seqlen_q, seqlen_k):
-    # The sweep's candidates: dQ converted out of its fp32 accumulator in a CuTe kernel (the
-    # same product rounded once to nearest even as torch's multiply) and the preprocess with
-    # all its loads first (the same sums): the same bits, on ragged lengths (partial blocks
-    # of rows, accumulator padding never read). Deterministic, so that the fp32 additions
-    # into dQ (and GQA's dK, dV) come in one order in both runs.
+@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
+def test_backward_candidates_give_the_same_bits(head_dim, causal, seqlen_q, seqlen_k, candidate):
+    # The sweep's candidates change where work happens, not the arithmetic: dQ converted
+    # out of its fp32 accumulator by a CuTe kernel (the same product rounded once to nearest
+    # even as torch's multiply), the preprocess with all its loads first (the same sums),
+    # K and V counted on the first Q and dO stages' barriers (the same GEMMs). So the same
+    # bits, on ragged lengths (partial blocks of rows, accumulator padding never read) and
+    # with query blocks that see no key. Deterministic, so that the fp32 additions into dQ
+    # (and GQA's dK, dV) come in one order in both runs.
     import dataclasses
 
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
-    q = torch.randn(2, seqlen_q, 8, head_dim, device="cuda", dtype=dtype)
-    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    q = torch.randn(2, seqlen_q, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     config = backward_config(head_dim, causal, grouped=True, deterministic=True)
     runs = []
-    for candidate in (False, True):
+    for chosen in (config, dataclasses.replace(config, **CANDIDATES[candidate])):
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        chosen = dataclasses.replace(config, dq_convert_kernel=candidate, preprocess_loads_first=candidate)
         runs.append(attention_backward(
             q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True, config=chosen
         ))
     torch.cuda.synchronize()
-    assert not runs[0][0].isnan().any()
+    assert not any(g.isnan().any() for g in runs[0])
     for name, want, got in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(got, want), f"{name} differs with the candidates"
+        assert torch.equal(got, want), f"{name} differs with {candidate}"

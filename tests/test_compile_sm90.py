@@ -220,3 +220,20 @@ def test_dq_convert_kernel_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
     assert loads == stores > 0
     assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_kv_on_first_stages_candidate_counts_k_and_v_on_the_first_stages(head_dim):
+    # The backward candidate: two extra expect-tx (K on the first Q stage, V on the first
+    # dO stage), the six load descriptors prefetched, no K/V barrier wait; nothing spilled
+    # or serialised.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    base = compile_backward_report(backward_config(head_dim, True))
+    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True), kv_on_first_stages=True))
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    assert report.ptx.count("mbarrier.expect_tx") == base.ptx.count("mbarrier.expect_tx") + 2
+    assert report.ptx.count("prefetch.tensormap") == base.ptx.count("prefetch.tensormap") + 6
