@@ -163,6 +163,11 @@ class Sm90BackwardConfig:
     # once, 16-31 times per SM per call at head dims 64/128. [Sweep candidate, not yet run
     # on a GPU.]
     kv_on_first_stages: bool = False
+    # dQ's TMA reductions issued by a warp of the producer warpgroup (idle otherwise), as
+    # flash-attn-4 does: the consumers arrive when their part of the dQ tile is written and
+    # go on, instead of one of their warps issuing the reduction and waiting for the TMA
+    # engine's read before the next dS barrier. [Sweep candidate, not yet run on a GPU.]
+    dq_store_warp: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

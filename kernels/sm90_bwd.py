@@ -37,6 +37,7 @@ into rings, each with its rows' lse_log2 or D; warpgroups 1 and 2 are the consum
 
 from __future__ import annotations
 
+
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Type
@@ -65,6 +66,11 @@ ROW_TILE_ALIGN_BYTES = 128
 # waits for their reads. A whole warp: the reduction's copy elects
 # one lane with ``elect.sync`` over all 32, which hangs when the other lanes are elsewhere.
 DQ_ISSUER_WARP = 0
+# With ``dq_store_warp``: the producer warpgroup's warp that issues them instead (warp 0
+# loads).
+DQ_STORE_WARP = 1
+# A dQ hand-off barrier counts one consumer warpgroup and the store warp.
+DQ_HANDOFF_THREADS = THREADS_PER_WARPGROUP + THREADS_PER_WARP
 
 
 @dataclass(frozen=True)
@@ -395,6 +401,13 @@ class Sm90BackwardKernel:
                     mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
                     sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
                 )
+            if cutlass.const_expr(self.config.dq_store_warp):
+                if warp_idx == DQ_STORE_WARP:
+                    dq_turns = None
+                    if cutlass.const_expr(mdQTurns is not None):
+                        dq_turns = mdQTurns[None, head, batch]
+                    dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch], dq_turns)
+                    self.store_dq(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -502,9 +515,10 @@ class Sm90BackwardKernel:
                       False)
             q_state.advance()
             do_state.advance()
-        if self.issues_dq(tidx):
-            # The CTA's shared memory must outlive the TMA engine's last read of dQ.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(not self.config.dq_store_warp):
+            if self.issues_dq(tidx):
+                # The CTA's shared memory must outlive the TMA engine's last read of dQ.
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
 
     @cute.jit
@@ -632,8 +646,9 @@ class Sm90BackwardKernel:
             ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
             cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
         cute.arch.fence_view_async_shared()
-        if self.issues_dq(tidx):
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(not self.config.dq_store_warp):
+            if self.issues_dq(tidx):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
@@ -671,6 +686,11 @@ class Sm90BackwardKernel:
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, dq_out: DQReduction):
         """This thread's dQ into its warpgroup's part (columns, or rows) of the shared-memory
         tile, seen whole: (tile_m, head_dim)."""
+        if cutlass.const_expr(self.config.dq_store_warp):
+            # The TMA engine has read this part's previous dQ (the store warp's arrive).
+            cute.arch.barrier(
+                barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
+            )
         tile = cute.group_modes(dq_out.smem, 1, 3)
         if cutlass.const_expr(self.config.dq_rows):
             # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
@@ -690,31 +710,64 @@ class Sm90BackwardKernel:
         (``dq_turn_rank``), each waiting until the one before has landed, not only been
         read: a turn counter per column part reaches this block's rank when it may go."""
         part = ops.warpgroup_idx
-        parts = self.config.consumer_warpgroups
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
-        if self.issues_dq(tidx):
-            counter = m_block * parts + part
-            lane = cute.arch.lane_idx()
-            if cutlass.const_expr(dq_out.turns is not None):
-                if lane == 0:
-                    rank = dq_turn_rank(
-                        block.n_block, m_block, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
-                    )
-                    wait_for_turn(dq_out.turns.iterator + counter, rank)
-            # The part's place in the accumulator: its column block, or (dq_rows) row block.
-            part_tile, row_block, col_block = (self.tile_m, self.head_dim // parts), m_block, part
-            if cutlass.const_expr(self.config.dq_rows):
-                part_tile, row_block, col_block = (self.tile_m // parts, self.head_dim), m_block * parts + part, 0
-            s_tile, g_tile = tma_tile(
-                dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, row_block, col_block
+        if cutlass.const_expr(self.config.dq_store_warp):
+            cute.arch.barrier_arrive(
+                barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS
             )
-            cute.copy(dq_out.atom, s_tile, g_tile)
-            cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(dq_out.turns is not None):
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                if lane == 0:
-                    pass_turn(dq_out.turns.iterator + counter)
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PART_0) + part, number_of_threads=THREADS_PER_WARPGROUP)
+            if self.issues_dq(tidx):
+                self.reduce_dq_part(dq_out, part, block.n_block, m_block, block.seqlen_q, block.seqlen_k)
+
+    @cute.jit
+    def reduce_dq_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
+                       seqlen_k: Int32):
+        """One warp: the TMA reduction of dQ part ``part`` of query block ``m_block`` into the
+        accumulator (deterministic: in its turn, and landed before the turn passes)."""
+        parts = self.config.consumer_warpgroups
+        counter = m_block * parts + part
+        lane = cute.arch.lane_idx()
+        if cutlass.const_expr(dq_out.turns is not None):
+            if lane == 0:
+                rank = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+                wait_for_turn(dq_out.turns.iterator + counter, rank)
+        # The part's place in the accumulator: its column block, or (dq_rows) row block.
+        part_tile, row_block, col_block = (self.tile_m, self.head_dim // parts), m_block, part
+        if cutlass.const_expr(self.config.dq_rows):
+            part_tile, row_block, col_block = (self.tile_m // parts, self.head_dim), m_block * parts + part, 0
+        s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, row_block, col_block)
+        cute.copy(dq_out.atom, s_tile, g_tile)
+        cute.arch.cp_async_bulk_commit_group()
+        if cutlass.const_expr(dq_out.turns is not None):
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            if lane == 0:
+                pass_turn(dq_out.turns.iterator + counter)
+
+    @cute.jit
+    def store_dq(self, dq_out: DQReduction, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32,
+                 m_end: Int32):
+        """The dQ store warp (``dq_store_warp``): per query block and part, wait until the
+        warpgroup has written its part, reduce it into the accumulator, and once the TMA
+        engine has read every part, let the warpgroups write the next block's. The first
+        block's parts are free from the start; after the last, nothing waits for them, so
+        the last read is awaited only for shared memory to outlive it."""
+        parts = self.config.consumer_warpgroups
+        if m_begin < m_end:
+            for part in cutlass.range_constexpr(parts):
+                cute.arch.barrier_arrive(
+                    barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
+                )
+        for m_block in cutlass.range(m_begin, m_end, unroll=1):
+            for part in cutlass.range_constexpr(parts):
+                cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
+                self.reduce_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if m_block + 1 < m_end:
+                for part in cutlass.range_constexpr(parts):
+                    cute.arch.barrier_arrive(
+                        barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
+                    )
 
     def issues_dq(self, tidx: Int32):
         """Whether this thread's warp issues its warpgroup's dQ TMA reductions."""

@@ -31,11 +31,13 @@ from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # dq_convert_kernel: dQ out of its fp32 accumulator by a CuTe kernel instead of torch's
 # strided multiply; preprocess_loads_first: the preprocess's loads all in flight at once;
-# kv_on_first_stages: the first Sᵀ GEMM waits for K and Q, not K, V and Q. (deterministic
-# cost 0.59-0.74x on 2026-11-29; the README has it.)
+# kv_on_first_stages: the first Sᵀ GEMM waits for K and Q, not K, V and Q; dq_store_warp:
+# dQ's TMA reductions from a producer-warpgroup warp. (deterministic cost 0.59-0.74x on
+# 2026-11-29; the README has it.)
 _BACKWARD_CHANGES: list[dict[str, Any]] = [
     dict(), dict(dq_convert_kernel=True), dict(preprocess_loads_first=True), dict(kv_on_first_stages=True),
-    dict(dq_convert_kernel=True, preprocess_loads_first=True, kv_on_first_stages=True),
+    dict(dq_store_warp=True),
+    dict(dq_convert_kernel=True, preprocess_loads_first=True, kv_on_first_stages=True, dq_store_warp=True),
 ]
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: _BACKWARD_CHANGES, 128: _BACKWARD_CHANGES,
                                                         256: _BACKWARD_CHANGES}

@@ -25,6 +25,12 @@ class NamedBarrier(enum.IntEnum):
     # Backward: warpgroup i's part (columns) of the fp32 dQ tile is in shared memory before
     # its issuing warp goes (DQ_PART_0 + i, 128 threads; 6 and 7).
     DQ_PART_0 = 6
+    # Backward with a dQ store warp: warpgroup i arrives on DQ_FULL_0 + i when its part of
+    # the dQ tile is written (the store warp syncs there before its TMA reduction), and
+    # syncs on DQ_EMPTY_0 + i before it writes the part again (the store warp arrives once
+    # the TMA engine has read it). 128 + 32 threads each; 8, 9 and 10, 11.
+    DQ_FULL_0 = 8
+    DQ_EMPTY_0 = 10
 
 
 class WarpgroupPingPong:

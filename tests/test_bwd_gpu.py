@@ -92,6 +92,7 @@ CANDIDATES = {
     "dq_convert_kernel": dict(dq_convert_kernel=True),
     "preprocess_loads_first": dict(preprocess_loads_first=True),
     "kv_on_first_stages": dict(kv_on_first_stages=True),
+    "dq_store_warp": dict(dq_store_warp=True),
 }
 
 
@@ -103,7 +104,8 @@ def test_backward_candidates_give_the_same_bits(head_dim, causal, seqlen_q, seql
     # The sweep's candidates change where work happens, not the arithmetic: dQ converted
     # out of its fp32 accumulator by a CuTe kernel (the same product rounded once to nearest
     # even as torch's multiply), the preprocess with all its loads first (the same sums),
-    # K and V counted on the first Q and dO stages' barriers (the same GEMMs). So the same
+    # K and V counted on the first Q and dO stages' barriers (the same GEMMs), dQ's TMA
+    # reductions issued by a warp of the producer warpgroup (the same additions). So the same
     # bits, on ragged lengths (partial blocks of rows, accumulator padding never read) and
     # with query blocks that see no key. Deterministic, so that the fp32 additions into dQ
     # (and GQA's dK, dV) come in one order in both runs.
@@ -127,3 +129,34 @@ def test_backward_candidates_give_the_same_bits(head_dim, causal, seqlen_q, seql
     assert not any(g.isnan().any() for g in runs[0])
     for name, want, got in zip(("dq", "dk", "dv"), *runs):
         assert torch.equal(got, want), f"{name} differs with {candidate}"
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (17, 1000), (1000, 17), (4096, 4096)))
+@pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 1)), ids=("mha", "mqa"))
+def test_dq_store_warp_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    # The candidate without deterministic mode (the bit test above needs it): the store warp
+    # and the consumers hand the dQ tile back and forth through named barriers for every
+    # query block, 64 of them at 4096, and key blocks that see no query block never start.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    config = dataclasses.replace(backward_config(head_dim, causal, grouped=heads != kv_heads), dq_store_warp=True)
+    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
+    torch.cuda.synchronize()
+
+    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
+    expected = reference.attention_backward(q, k, v, out_ref, dout, lse_ref, causal=causal)
+    baseline = reference.attention_backward_in_dtype(q, k, v, dout, causal=causal)
+    for name, got, want, torch_grad in zip(("dq", "dk", "dv"), (dq, dk, dv), expected, baseline):
+        assert not got.isnan().any(), f"{name}: some element was never written"
+        bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
+        assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"

@@ -237,3 +237,20 @@ def test_kv_on_first_stages_candidate_counts_k_and_v_on_the_first_stages(head_di
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     assert report.ptx.count("mbarrier.expect_tx") == base.ptx.count("mbarrier.expect_tx") + 2
     assert report.ptx.count("prefetch.tensormap") == base.ptx.count("prefetch.tensormap") + 6
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_dq_store_warp_candidate_hands_dq_over_by_named_barriers(head_dim):
+    # The backward candidate: the consumers arrive on DQ_FULL and sync on DQ_EMPTY (no
+    # 128-thread DQ_PART sync), the store warp the other way round; the same TMA reductions.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    base = compile_backward_report(backward_config(head_dim, True))
+    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True), dq_store_warp=True))
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    reduce = "cp.reduce.async.bulk.tensor"
+    assert report.ptx.count(reduce) == base.ptx.count(reduce) > 0
+    assert report.ptx.count("bar.arrive") > base.ptx.count("bar.arrive")
