@@ -37,7 +37,6 @@ into rings, each with its rows' lse_log2 or D; warpgroups 1 and 2 are the consum
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Type
@@ -708,7 +707,10 @@ class Sm90BackwardKernel:
 
         Deterministic: the contributions to a query block's columns go in a fixed order
         (``dq_turn_rank``), each waiting until the one before has landed, not only been
-        read: a turn counter per column part reaches this block's rank when it may go."""
+        read: a turn counter per column part reaches this block's rank when it may go.
+
+        With ``dq_store_warp`` the warpgroup only arrives: the store warp (``store_dq``)
+        issues the reduction."""
         part = ops.warpgroup_idx
         cute.arch.fence_view_async_shared()
         if cutlass.const_expr(self.config.dq_store_warp):
