@@ -122,14 +122,7 @@ class Sm90BackwardPreprocess:
                 cute.autovec_copy(cute.local_tile(mdO[row, None, head, batch], (self.vector,), (lane_in_row,)), do)
                 products = o.load().to(Float32) * do.load().to(Float32)
                 partial = products.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            total = cute.arch.warp_reduction_sum(partial, threads_in_group=self.lanes_per_row)
-            if lane_in_row == 0:
-                lse_log2 = Float32.inf
-                if row < seqlen:
-                    lse = mLSE[row, head, batch]
-                    lse_log2 = 0.0 if lse == -Float32.inf else lse * math.log2(math.e)
-                mD[row, head, batch] = total
-                mLSELog2[row, head, batch] = lse_log2
+            self._write_row(mLSE, mD, mLSELog2, row, seqlen, head, batch, lane_in_row, partial)
 
     @cute.jit
     def _rows_loads_first(self, mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass):
@@ -152,11 +145,16 @@ class Sm90BackwardPreprocess:
             partial = products.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if row >= seqlen:
                 partial = Float32(0.0)
-            total = cute.arch.warp_reduction_sum(partial, threads_in_group=self.lanes_per_row)
-            if lane_in_row == 0:
-                lse_log2 = Float32.inf
-                if row < seqlen:
-                    lse = mLSE[row, head, batch]
-                    lse_log2 = 0.0 if lse == -Float32.inf else lse * math.log2(math.e)
-                mD[row, head, batch] = total
-                mLSELog2[row, head, batch] = lse_log2
+            self._write_row(mLSE, mD, mLSELog2, row, seqlen, head, batch, lane_in_row, partial)
+
+    @cute.jit
+    def _write_row(self, mLSE, mD, mLSELog2, row, seqlen, head, batch, lane_in_row, partial: Float32):
+        """The row's D (its lanes' partial sums added) and lse_log2, by its first lane."""
+        total = cute.arch.warp_reduction_sum(partial, threads_in_group=self.lanes_per_row)
+        if lane_in_row == 0:
+            lse_log2 = Float32.inf
+            if row < seqlen:
+                lse = mLSE[row, head, batch]
+                lse_log2 = 0.0 if lse == -Float32.inf else lse * math.log2(math.e)
+            mD[row, head, batch] = total
+            mLSELog2[row, head, batch] = lse_log2
