@@ -46,11 +46,13 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: _BACKWARD_CHANGES, 1
 # flash_attn_fp8 quantizes it; beside it flash4's FP8 call (the selector's tiles) and
 # cuDNN's FP8 attention. Candidates: Q descales per warpgroup, alone and with 128-row tiles
 # at head dim 64 (the 16-bit rows' choice for causal sequences below 4k, where the FP8 row
-# trails cuDNN: 155 against 191 TFLOP/s at 512). Not taken: every 8th exponential on the
+# trails cuDNN: 155 against 191 TFLOP/s at 512); at head dim 128, where cuDNN leads at 1k
+# (727 against 657), three warpgroups on 96-key blocks (the widest that compiles clean with
+# 192 rows; 128 keys spill 240 bytes) and no ping-pong. Not taken: every 8th exponential on the
 # FMA pipe, 160-key blocks at head dim 128 (flash4/dispatch.py).
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     64: [dict(), dict(q_descale_per_warpgroup=True), dict(q_descale_per_warpgroup=True, consumer_warpgroups=2)],
-    128: [dict(), dict(q_descale_per_warpgroup=True)],
+    128: [dict(), dict(q_descale_per_warpgroup=True), dict(consumer_warpgroups=3, tile_n=96), dict(pingpong=False)],
     256: [dict(), dict(q_descale_per_warpgroup=True)],
 }
 PEERS = ("sdpa-cudnn", "fa4")
