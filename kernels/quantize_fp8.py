@@ -49,6 +49,17 @@ ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
 KEY_GROUP = len(FP8_PV_KEY_ORDER)
 
 
+@cute.jit
+def to_e4m3(x: cute.TensorSSA, descale: Float32, size: cutlass.Constexpr[int]) -> cute.Tensor:
+    """``size`` float32 values divided by ``descale`` (IEEE) and rounded to e4m3, four to a
+    register: the definition both kernels store."""
+    quotient = cute.make_rmem_tensor(cute.make_layout(size), Float32)
+    quotient.store(x / descale)
+    values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Float8E4M3FN)
+    convert_packed(quotient, values)
+    return values
+
+
 class QuantizeFp8Rows:
     """e4m3 values of a (batch, seqlen, heads, head_dim) tensor with one descale per
     ``block_rows`` rows of a head (written by the kernel), or one given per tensor."""
@@ -121,10 +132,7 @@ class QuantizeFp8Rows:
             row = first_row + index // self.vectors_per_row
             if row < end_row:
                 column = index % self.vectors_per_row
-                quotient = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
-                quotient.store(self._load(mX, row, column, head, batch) / descale)
-                values = cute.make_rmem_tensor(cute.make_layout(self.vector), mValues.element_type)
-                convert_packed(quotient, values)
+                values = to_e4m3(self._load(mX, row, column, head, batch), descale, self.vector)
                 cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
 
     @cute.jit
@@ -174,10 +182,7 @@ class QuantizeFp8TransposedV:
             if key < mV.shape[0]:
                 x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
                 cute.autovec_copy(cute.local_tile(mV[key, None, head, batch], (self.vector,), (chunk,)), x)
-                quotient = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
-                quotient.store(x.load().to(Float32) / descale)
-                values = cute.make_rmem_tensor(cute.make_layout(self.vector), cutlass.Float8E4M3FN)
-                convert_packed(quotient, values)
+                values = to_e4m3(x.load().to(Float32), descale, self.vector)
                 words.store(cute.recast_tensor(values, Int32).load())
             for j in cutlass.range_constexpr(self.vector):
                 byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF
