@@ -181,9 +181,7 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
     return o, do, lse, d, lse_log2, dq_accum, stream
 
 
-def compile_backward_preprocess(
-    dtype_name: str, head_dim: int, block_rows: int, *options: str, loads_first: bool = False
-) -> Any:
+def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int, *options: str) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
     query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum)`` with torch
     tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum`` (batch,
@@ -193,7 +191,7 @@ def compile_backward_preprocess(
 
     from flash4.kernels.sm90_bwd_preprocess import Sm90BackwardPreprocess
 
-    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows, loads_first)
+    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows)
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(kernel, *_backward_preprocess_arguments(dtype_name, head_dim), options=flags)
 

@@ -89,40 +89,50 @@ def _sm90_rows() -> Iterable[KernelEntry]:
                     )
 
 
-# The FP8 kernel's tile per head dim, chosen with perf/sweep_configs.py --pass fp8 on the
-# H200 (2026-11-29, the kernel alone, full, TFLOP/s at seqlen 1k / 16k, against 128x128
-# tiles with ping-pong, persistent below head dim 256): head dim 64 three 64-row consumer
-# warpgroups (383/449 -> 416/580; 256 keys per block gave 407/529); head dim 128 160 keys
-# per block (622/730 -> 650/855); head dim 256 persistent (895/1150 -> 981/1153). Q's
-# descale blocks are the query tile, K's and V's the key tile (multiples of the FP8 wgmma's
-# 32-deep k-step); causal takes the same tiles, so a head dim has one block size whatever
-# the mask.
+# The FP8 kernel's tiles, chosen with perf/sweep_configs.py --pass fp8 on the H200
+# (2026-11-29, the kernel alone, TFLOP/s at seqlen 1k / 16k, full then causal). Q's descale
+# blocks are the query tile, K's and V's the key tile (multiples of the FP8 wgmma's 32-deep
+# k-step): ``flash4.fp8.fp8_blocks`` reads them off the row a problem selects.
 #
-# Then (same day, two interleaved rounds, full / causal at 1k and 16k) the rows take V per
-# tensor, as flash_attn_fp8 quantizes it (fp8_v_per_tensor; a V with blockwise descales
-# gets the row's kernel built for them, select_fp8), and skip O's rescale when no row of a
-# warp raised its max (rescale_when_needed):
+# First sweep (full, against 128x128 tiles with ping-pong, persistent below head dim 256):
+# head dim 64 three 64-row consumer warpgroups (383/449 -> 416/580; 256 keys per block gave
+# 407/529); head dim 256 persistent (895/1150 -> 981/1153).
+#
+# Then (two interleaved rounds) the rows take V per tensor, as flash_attn_fp8 quantizes it
+# (fp8_v_per_tensor; a V with blockwise descales gets the row's kernel built for them,
+# select_fp8), and skip O's rescale when no row of a warp raised its max
+# (rescale_when_needed):
 #   d64:  416/578, 262/485 -> 463/696, 281/609;
-#   d128: 652/853, 475/826 -> 671/934, 473/854, with 192 keys per block (160 keys gave
-#         651/860, 494/874: 192 wins the full mask by 9% at 16k, loses causal by 2-4%);
 #   d256: 994/1171, 726/1124 -> 975/1223, 730/1096 (within the rounds' spread but 16k full).
-# Every 8th exponential on the FMA pipe instead of MUFU lost 1-5% at head dims 64 and 128.
-_SM90_FP8_CONFIGS: dict[int, dict] = {
-    64: dict(tile_n=128, consumer_warpgroups=3, persistent=True),
-    128: dict(tile_n=192, persistent=True),
-    256: dict(tile_n=128, pingpong=False, persistent=True),
+#
+# Third sweep (two rounds): head dim 128 on three warpgroups and 96-key blocks (the widest
+# that compiles clean with 192 rows; 128 keys spill), against two on 192 keys: 667/898,
+# 471/824 -> 693/947, 484/852 (no ping-pong gave 685/954, 466/839). Head dim 64 causal
+# below 4k on 128-row tiles, as the 16-bit rows: 281 -> 321 at 1k (with one Q descale per
+# warpgroup; 192-row tiles keep 16k, 608 against 540).
+#
+# Not taken: every 8th exponential on the FMA pipe instead of MUFU (lost 1-5% at head dims
+# 64 and 128); one Q descale per 64-row warpgroup on 192-row tiles (lost 7% at head dim 64
+# full, 464/696 -> 431/643); 160-key blocks at head dim 128.
+_SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
+# (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
+_SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
+    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3)),),
+    (64, True): ((1, dict(tile_n=128)), (4096, dict(tile_n=128, consumer_warpgroups=3))),
+    (128, False): ((1, dict(tile_n=96, consumer_warpgroups=3)),),
+    (128, True): ((1, dict(tile_n=96, consumer_warpgroups=3)),),
+    (256, False): ((1, dict(tile_n=128, pingpong=False)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False)),),
 }
 
 
 def _sm90_fp8_rows() -> Iterable[KernelEntry]:
-    for head_dim, choices in _SM90_FP8_CONFIGS.items():
-        for causal in (False, True):
-            config = Sm90ForwardConfig(
-                head_dim=head_dim, causal=causal, fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, **choices
-            )
+    for (head_dim, causal), rows in _SM90_FP8_ROWS.items():
+        for min_seqlen_q, choices in rows:
+            config = Sm90ForwardConfig(head_dim=head_dim, causal=causal, **_SM90_FP8_BASE, **choices)
             yield KernelEntry(
                 arch="sm_90a", dtype=FP8_DTYPE, head_dim=head_dim, causal=causal,
-                kernel="kernels.sm90_fwd_fp8.Sm90Fp8ForwardKernel", config=config,
+                kernel="kernels.sm90_fwd_fp8.Sm90Fp8ForwardKernel", config=config, min_seqlen_q=min_seqlen_q,
             )
 
 

@@ -5,21 +5,21 @@
 per tile of rows of each head, optionally after the Hadamard rotation; V with one per
 tensor) and runs the kernel.
 ``flash_attn_fp8_quantized`` takes what ``flash4.quantize_fp8`` returned, blockwise (Q per
-``fp8_blocks(head_dim).q`` rows, K and V per ``.kv`` rows: the kernel's query and key tiles)
-or per tensor (``block=None``); V may come laid out beforehand (``transpose_fp8_v``).
+``fp8_blocks(head_dim, causal, seqlen_q).q`` rows, K and V per ``.kv`` rows: the query and
+key tiles of the kernel that serves the problem) or per tensor (``block=None``); V may come
+laid out beforehand (``transpose_fp8_v``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import NamedTuple
 
 import torch
 
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
 from flash4.compiler import compiled_forward
-from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, select_fp8
+from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
 from flash4.interface import LOG2_E, device_arch, device_sms
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (
@@ -32,25 +32,27 @@ from flash4.quantize import (
 )
 
 OUT_DTYPE = getattr(torch, FP8_OUT_DTYPE)
+# The architecture of flash4's FP8 kernels (wgmma with e4m3 operands).
+FP8_ARCH = "sm_90a"
 
 
 class Fp8Blocks(NamedTuple):
-    """Rows per blockwise descale at one head dim: ``q`` for Q (the FP8 kernel's query
-    tile), ``kv`` for K and V (its key tile), so that each tile reads one descale."""
+    """Rows per blockwise descale: ``q`` for Q (the FP8 kernel's query tile), ``kv`` for K
+    and V (its key tile), so that each tile reads one descale."""
 
     q: int
     kv: int
 
 
-@functools.lru_cache(maxsize=None)
-def fp8_blocks(head_dim: int) -> Fp8Blocks:
-    """The descale block sizes the FP8 kernel reads at ``head_dim`` (its selector rows);
-    cached, as every FP8 call asks."""
-    for row in TABLE:
-        if row.dtype == FP8_DTYPE and row.head_dim == head_dim:
-            return Fp8Blocks(row.config.tile_m, row.config.tile_n)
-    heads = sorted({row.head_dim for row in TABLE if row.dtype == FP8_DTYPE})
-    raise ValueError(f"head_dim={head_dim}: the FP8 kernel supports head dims {heads}")
+def fp8_blocks(head_dim: int, causal: bool, seqlen_q: int) -> Fp8Blocks:
+    """The descale block sizes of the FP8 kernel that serves this problem: the tiles of its
+    selector row (short causal sequences take shorter query tiles, as the 16-bit rows do)."""
+    try:
+        config = select(FP8_ARCH, FP8_DTYPE, head_dim, causal, seqlen_q).config
+    except UnsupportedProblemError:
+        heads = sorted({row.head_dim for row in TABLE if row.dtype == FP8_DTYPE})
+        raise ValueError(f"head_dim={head_dim}: the FP8 kernel supports head dims {heads}") from None
+    return Fp8Blocks(config.tile_m, config.tile_n)
 
 
 def flash_attn_fp8(
@@ -80,7 +82,7 @@ def flash_attn_fp8(
         raise NotImplementedError(
             "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
         )
-    blocks = fp8_blocks(problem.head_dim)
+    blocks = fp8_blocks(problem.head_dim, causal, problem.seqlen_q)
     return flash_attn_fp8_quantized(
         quantize_fp8(q, blocks.q, hadamard),
         quantize_fp8(k, blocks.kv, hadamard),
@@ -161,14 +163,17 @@ def check_fp8_args(q: object, k: object, v: object, softmax_scale: object, causa
         check_shapes(q.values, k.values, v.values)
     batch, seqlen_q, heads, head_dim = q.values.shape
     _, seqlen_k, kv_heads, _ = k.values.shape
-    blocks = fp8_blocks(head_dim)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
     for name, t, rows, nheads, seqlen in (
         ("q", q, blocks.q, heads, seqlen_q), ("k", k, blocks.kv, kv_heads, seqlen_k), ("v", v, blocks.kv, kv_heads, seqlen_k)
     ):
         if t.block not in (rows, None):
             raise ValueError(
-                f"{name}.block is {t.block}: at head_dim={head_dim} the FP8 kernel reads one descale per {rows} rows "
-                f"(quantize_fp8(x, block={rows}), see flash4.fp8.fp8_blocks) or one per tensor (block=None)"
+                f"{name}.block is {t.block}: at head_dim={head_dim}, causal={causal}, seqlen_q={seqlen_q} the FP8 "
+                f"kernel reads one descale per {rows} rows (quantize_fp8(x, block={rows}), see "
+                f"flash4.fp8.fp8_blocks) or one per tensor (block=None)"
             )
         expected = () if t.block is None else (batch, nheads, -(-seqlen // t.block))
         if tuple(t.descale.shape) != expected or t.descale.dtype != torch.float32 or not t.descale.is_contiguous():
@@ -177,8 +182,6 @@ def check_fp8_args(q: object, k: object, v: object, softmax_scale: object, causa
                 f"{t.descale.dtype} {tuple(t.descale.shape)}"
             )
     scale = resolve_softmax_scale(softmax_scale, head_dim)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     check_devices({f"{name}.{part}": getattr(t, part).device for name, t in named for part in ("values", "descale")})
     return AttentionProblem(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, FP8_DTYPE, scale, causal)
 

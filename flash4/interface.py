@@ -66,7 +66,8 @@ def flash_attn_func(
     FP8: e4m3 q, k, v with their float32 descales (``x ≈ values * descale``), each either
     one per tensor (shape ()) or one per block of rows of each head ((batch, heads,
     ceil(seqlen / block)), what ``quantize_fp8(x, block)`` gives; the block is the FP8
-    kernel's tile: ``flash4.fp8.fp8_blocks(head_dim)``, ``.q`` for q, ``.kv`` for k and v),
+    kernel's tile: ``flash4.fp8.fp8_blocks(head_dim, causal, seqlen_q)``, ``.q`` for q,
+    ``.kv`` for k and v),
     run the FP8 kernel (see ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
     """
     if q_descale is not None or k_descale is not None or v_descale is not None:
@@ -99,7 +100,9 @@ def _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, caus
 
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError("q must be a 4-D e4m3 tensor (batch, seqlen, heads, head_dim) when descales are given")
-    blocks = fp8_blocks(q.shape[-1])
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
     quantized = []
     for name, values, descale, rows in (("q", q, q_descale, blocks.q), ("k", k, k_descale, blocks.kv),
                                         ("v", v, v_descale, blocks.kv)):

@@ -59,12 +59,6 @@ class Sm90ForwardConfig:
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
     # general path (1-20% on the H200 at head dim 64; flash4/dispatch.py).
     fp8_v_per_tensor: bool = False
-    # FP8 with one Q descale per 64 query rows (each consumer warpgroup's rows) instead of
-    # per tile: Q's descale blocks no longer depend on the tile, so a row of the table may
-    # pick its tile height by mask and length (128-row tiles for short causal sequences,
-    # as the 16-bit rows do) while flash4.fp8.fp8_blocks keeps one answer per head dim; and
-    # finer blocks round Q closer. [Sweep candidate, not yet run on a GPU.]
-    q_descale_per_warpgroup: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -104,8 +98,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
-        if self.q_descale_per_warpgroup and not self.fp8:
-            raise ValueError("q_descale_per_warpgroup=True: only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:
@@ -148,26 +140,6 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
-    # dQ converted out of its fp32 accumulator by kernels/sm90_bwd_postprocess.py (16-byte
-    # loads, 8-byte stores) instead of torch's strided mixed-dtype multiply, which moves the
-    # same 200 MB per 16k-token call without vectorised access; flash-attn-4's fixed cost
-    # per call is about 100 us below flash4's at head dims 64 and 128 (a fit of T = fixed +
-    # FLOPs / rate to the H200 tables). [Sweep candidate, not yet run on a GPU.]
-    dq_convert_kernel: bool = False
-    # The preprocess issues all of a thread's O and dO loads before its sums and stores
-    # (kernels/sm90_bwd_preprocess.py). [Sweep candidate, not yet run on a GPU.]
-    preprocess_loads_first: bool = False
-    # K lands on the first Q stage's barrier and V on the first dO stage's (the producer
-    # loads K, Q, V, dO in that order), so the first Sᵀ GEMM waits for K and Q only, not for
-    # all of K and V before Q; the TMA descriptors are prefetched. Each CTA pays its start
-    # once, 16-31 times per SM per call at head dims 64/128. [Sweep candidate, not yet run
-    # on a GPU.]
-    kv_on_first_stages: bool = False
-    # dQ's TMA reductions issued by a warp of the producer warpgroup (idle otherwise), as
-    # flash-attn-4 does: the consumers arrive when their part of the dQ tile is written and
-    # go on, instead of one of their warps issuing the reduction and waiting for the TMA
-    # engine's read before the next dS barrier. [Sweep candidate, not yet run on a GPU.]
-    dq_store_warp: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -41,15 +41,10 @@ THREADS = 4 * THREADS_PER_WARP
 class Sm90BackwardPreprocess:
     """The preprocess for one head dim, dtype and query block size (the main kernel's)."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, loads_first: bool = False):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int):
         self.head_dim = head_dim
         self.dtype = dtype
         self.block_rows = block_rows
-        # Every pass's O and dO loads issued before any pass's sums and stores (a sweep
-        # candidate, not yet run on a GPU): in the pass-by-pass loop each pass's loads sit in
-        # a branch after the previous pass's stores, so a thread has two loads in flight, not
-        # 2 x passes, in a pass over memory that is bound by its latency.
-        self.loads_first = loads_first
         self.vector = LOAD_BYTES * 8 // dtype.width
         if head_dim % self.vector:
             raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
@@ -95,10 +90,7 @@ class Sm90BackwardPreprocess:
         m_block, head, batch = cute.arch.block_idx()
         lane_in_row = tidx % self.lanes_per_row
         row_in_pass = tidx // self.lanes_per_row
-        if cutlass.const_expr(self.loads_first):
-            self._rows_loads_first(mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass)
-        else:
-            self._rows_pass_by_pass(mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass)
+        self._rows(mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass)
         # This block's slice of the dQ accumulator, which the main kernel adds into, in
         # 16-byte stores.
         chunk = self.block_rows * self.head_dim
@@ -109,7 +101,7 @@ class Sm90BackwardPreprocess:
             cute.autovec_copy(zeros, cute.local_tile(accum, (ZERO_VECTOR,), (i * THREADS + tidx,)))
 
     @cute.jit
-    def _rows_pass_by_pass(self, mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass):
+    def _rows(self, mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass):
         seqlen = mO.shape[0]
         columns = cute.make_layout(self.vector)
         for p in cutlass.range_constexpr(self.block_rows // self.rows_per_pass):
@@ -122,29 +114,6 @@ class Sm90BackwardPreprocess:
                 cute.autovec_copy(cute.local_tile(mdO[row, None, head, batch], (self.vector,), (lane_in_row,)), do)
                 products = o.load().to(Float32) * do.load().to(Float32)
                 partial = products.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            self._write_row(mLSE, mD, mLSELog2, row, seqlen, head, batch, lane_in_row, partial)
-
-    @cute.jit
-    def _rows_loads_first(self, mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass):
-        seqlen = mO.shape[0]
-        columns = cute.make_layout(self.vector)
-        passes = self.block_rows // self.rows_per_pass
-        # Rows past seqlen read the last row (a valid address, no branch around the load)
-        # and count as zero.
-        o_rows = [cute.make_rmem_tensor(columns, self.dtype) for _ in range(passes)]
-        do_rows = [cute.make_rmem_tensor(columns, self.dtype) for _ in range(passes)]
-        for p in cutlass.range_constexpr(passes):
-            row = m_block * self.block_rows + p * self.rows_per_pass + row_in_pass
-            if row >= seqlen:
-                row = seqlen - 1
-            cute.autovec_copy(cute.local_tile(mO[row, None, head, batch], (self.vector,), (lane_in_row,)), o_rows[p])
-            cute.autovec_copy(cute.local_tile(mdO[row, None, head, batch], (self.vector,), (lane_in_row,)), do_rows[p])
-        for p in cutlass.range_constexpr(passes):
-            row = m_block * self.block_rows + p * self.rows_per_pass + row_in_pass
-            products = o_rows[p].load().to(Float32) * do_rows[p].load().to(Float32)
-            partial = products.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            if row >= seqlen:
-                partial = Float32(0.0)
             self._write_row(mLSE, mD, mLSELog2, row, seqlen, head, batch, lane_in_row, partial)
 
     @cute.jit

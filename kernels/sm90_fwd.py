@@ -387,7 +387,7 @@ class Sm90ForwardKernel:
                 # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
                 lse.fill(-Float32.inf)
                 if tile.n_block_max > 0:
-                    softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales, warpgroup_idx)
+                    softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
                     q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
                 elif cutlass.const_expr(self.q_freed_by_store):
                     rings.q.consumer_wait(q_state)
@@ -423,9 +423,7 @@ class Sm90ForwardKernel:
         """TMA partitions of the V ring and of one head's V blocks (the last mode)."""
         return tma_tile(atom, sV, mV, self.v_tile(), None)
 
-    def make_softmax(
-        self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple, warpgroup_idx: Int32
-    ) -> OnlineSoftmax:
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> OnlineSoftmax:
         return OnlineSoftmax(softmax_scale_log2, rows)
 
     # ------------------------------------------------------------------ key ranges

@@ -10,9 +10,8 @@ epilogue are the same. What changes:
 - P goes from the S accumulator to the A operand of the second GEMM without leaving its
   thread: the keys of each 32-key group are renamed (``FP8_PV_KEY_ORDER``) so that the
   values a thread holds are its A values, and V's keys are stored in that order.
-- Descales: the Q tile's (with ``q_descale_per_warpgroup``, the warpgroup's 64 rows') and
-  key block j's K descale multiply the softmax scale; block j's V descale is folded into
-  P's scale onto e4m3's range (``BlockScaledSoftmax``).
+- Descales: the Q tile's and key block j's K descale multiply the softmax scale; block j's
+  V descale is folded into P's scale onto e4m3's range (``BlockScaledSoftmax``).
 """
 
 from __future__ import annotations
@@ -77,20 +76,11 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         return tma_tile(atom, sV, mV, self.v_tile(), 0, None)
 
     @cute.jit
-    def make_softmax(
-        self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple, warpgroup_idx: Int32
-    ) -> BlockScaledSoftmax:
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> BlockScaledSoftmax:
         q_descale, k_descale, v_descale = descales
         kv_head = tile.head // (q_descale.shape[1] // k_descale.shape[1])
-        q_block = tile.m_block
-        if cutlass.const_expr(self.config.q_descale_per_warpgroup):
-            q_block = tile.m_block * self.config.consumer_warpgroups + warpgroup_idx
-            # A last tile's warpgroup whose rows all lie past seqlen_q has no block of its
-            # own (its rows are never stored); it reads the last one.
-            if q_block >= q_descale.shape[2]:
-                q_block = q_descale.shape[2] - 1
         return BlockScaledSoftmax(
-            softmax_scale_log2 * q_descale[tile.batch, tile.head, q_block],
+            softmax_scale_log2 * q_descale[tile.batch, tile.head, tile.m_block],
             rows,
             k_descale[tile.batch, kv_head, None],
             v_descale[tile.batch, kv_head, None],

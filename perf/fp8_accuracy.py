@@ -31,7 +31,7 @@ def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Call
     """Each way of computing attention(q, k, v), as a call returning its output."""
     from peer_providers import _cudnn_fp8
 
-    blocks = fp8_blocks(q.shape[-1])
+    blocks = fp8_blocks(q.shape[-1], False, q.shape[1])
     scale = q.shape[-1] ** -0.5
     per_tensor = [flash4.quantize_fp8(t, None) for t in (q, k, v)]
     blockwise = [flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), per_tensor[2]]

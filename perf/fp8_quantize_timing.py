@@ -33,7 +33,7 @@ def main() -> None:
             batch, heads = bench.TOKENS // seqlen, bench.HIDDEN // head_dim
             q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
                        for _ in range(3))
-            blocks = fp8_blocks(head_dim)
+            blocks = fp8_blocks(head_dim, args.causal, seqlen)
             q8, k8, vt = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), quantize_fp8_transposed_v(v)
             stages = {
                 "quantize Q": (lambda: quantize_fp8(q, blocks.q), q.numel() * 3),

@@ -23,38 +23,21 @@ from flash4 import bench
 from flash4.compiler import compiled_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
-from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP
 
 # Each list: the selector's row ({}) and changes to it. Tried on the H200 and not taken
 # (2026-11-29, see flash4/dispatch.py): 176- and 192-key blocks at head dim 128, O's rescale
 # skipped at head dims 64 and 128.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
-# dq_convert_kernel: dQ out of its fp32 accumulator by a CuTe kernel instead of torch's
-# strided multiply; preprocess_loads_first: the preprocess's loads all in flight at once;
-# kv_on_first_stages: the first Sᵀ GEMM waits for K and Q, not K, V and Q; dq_store_warp:
-# dQ's TMA reductions from a producer-warpgroup warp. (deterministic cost 0.59-0.74x on
-# 2026-11-29; the README has it.)
-_BACKWARD_CHANGES: list[dict[str, Any]] = [
-    dict(), dict(dq_convert_kernel=True), dict(preprocess_loads_first=True), dict(kv_on_first_stages=True),
-    dict(dq_store_warp=True),
-    dict(dq_convert_kernel=True, preprocess_loads_first=True, kv_on_first_stages=True, dq_store_warp=True),
-]
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: _BACKWARD_CHANGES, 128: _BACKWARD_CHANGES,
-                                                        256: _BACKWARD_CHANGES}
+# Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
+# CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
+# the preprocess's loads all issued first (within noise), K and V counted on the first Q
+# and dO stages (lost 2-6% at 16k). (Deterministic cost 0.59-0.74x; the README has it.)
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
-# tile_m rows (64 with q_descale_per_warpgroup) and K of tile_n, V per tensor as
-# flash_attn_fp8 quantizes it; beside it flash4's FP8 call (the selector's tiles) and
-# cuDNN's FP8 attention. Candidates: Q descales per warpgroup, alone and with 128-row tiles
-# at head dim 64 (the 16-bit rows' choice for causal sequences below 4k, where the FP8 row
-# trails cuDNN: 155 against 191 TFLOP/s at 512); at head dim 128, where cuDNN leads at 1k
-# (727 against 657), three warpgroups on 96-key blocks (the widest that compiles clean with
-# 192 rows; 128 keys spill 240 bytes) and no ping-pong. Not taken: every 8th exponential on the
-# FMA pipe, 160-key blocks at head dim 128 (flash4/dispatch.py).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(q_descale_per_warpgroup=True), dict(q_descale_per_warpgroup=True, consumer_warpgroups=2)],
-    128: [dict(), dict(q_descale_per_warpgroup=True), dict(consumer_warpgroups=3, tile_n=96), dict(pingpong=False)],
-    256: [dict(), dict(q_descale_per_warpgroup=True)],
-}
+# tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
+# flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
+# what was not taken: flash4/dispatch.py.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
@@ -95,10 +78,9 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
 
         config = entry.config
         kernel = compiled_forward(entry)
-        q_rows = ROWS_PER_CONSUMER_WARPGROUP if config.q_descale_per_warpgroup else config.tile_m
-        q8, k8, v8 = quantize_fp8(q, q_rows), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
+        q8, k8, v8 = quantize_fp8(q, config.tile_m), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
         batch, seqlen_q, heads, _ = q.shape
-        kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // q_rows), -(-k.shape[1] // config.tile_n)
+        kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // config.tile_m), -(-k.shape[1] // config.tile_n)
         vt = fp8_value_layout(v8.values)
         descales = (
             tile_descales(q8, batch, heads, blocks_q),

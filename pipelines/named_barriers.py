@@ -22,15 +22,12 @@ class NamedBarrier(enum.IntEnum):
     # Backward: every part of the consumer warpgroups' shared dSᵀ tile is written before
     # any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
     DS_TILE = 5
-    # Backward: warpgroup i's part (columns) of the fp32 dQ tile is in shared memory before
-    # its issuing warp goes (DQ_PART_0 + i, 128 threads; 6 and 7).
-    DQ_PART_0 = 6
-    # Backward with a dQ store warp: warpgroup i arrives on DQ_FULL_0 + i when its part of
-    # the dQ tile is written (the store warp syncs there before its TMA reduction), and
-    # syncs on DQ_EMPTY_0 + i before it writes the part again (the store warp arrives once
-    # the TMA engine has read it). 128 + 32 threads each; 8, 9 and 10, 11.
-    DQ_FULL_0 = 8
-    DQ_EMPTY_0 = 10
+    # Backward: warpgroup i arrives on DQ_FULL_0 + i when its part of the fp32 dQ tile is
+    # written (the dQ store warp syncs there before its TMA reduction), and syncs on
+    # DQ_EMPTY_0 + i before it writes the part again (the store warp arrives once the TMA
+    # engine has read it). 128 + 32 threads each; 6, 7 and 8, 9.
+    DQ_FULL_0 = 6
+    DQ_EMPTY_0 = 8
 
 
 class WarpgroupPingPong:

@@ -31,30 +31,11 @@ def test_preprocess_compiles_with_vector_loads_and_row_shuffles(head_dim):
     assert ptx.count("shfl.sync.bfly") == passes * int(math.log2(lanes_per_row))
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_loads_first_candidate_issues_every_load_before_a_store(head_dim):
-    # The sweep candidate: all of a thread's O and dO loads come before its first store
-    # (the pass-by-pass kernel alternates two loads and its stores); the same loads, nothing
-    # spilled.
-    with tempfile.TemporaryDirectory() as scratch:
-        compiled = compile_backward_preprocess(
-            "bfloat16", head_dim, BLOCK_ROWS, "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={scratch}",
-            loads_first=True,
-        )
-        ptx = compiled.__ptx__
-    passes = BLOCK_ROWS // (128 // (head_dim // 8))
-    memory = [line.split()[0] for line in ptx.splitlines() if line.strip().startswith(("ld.global.v4", "st.global"))]
-    loads = [i for i, op in enumerate(memory) if op.startswith("ld.")]
-    first_store = min(i for i, op in enumerate(memory) if op.startswith("st."))
-    assert len(loads) == 2 * passes and max(loads) < first_store
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("seqlen", (1, 17, 128, 1000))
-@pytest.mark.parametrize("loads_first", (False, True), ids=("pass_by_pass", "loads_first"))
-def test_preprocess_matches_torch(head_dim, dtype, seqlen, loads_first):
+def test_preprocess_matches_torch(head_dim, dtype, seqlen):
     from flash4.compiler import compiled_backward_preprocess
 
     batch, heads = 3, 5
@@ -67,7 +48,7 @@ def test_preprocess_matches_torch(head_dim, dtype, seqlen, loads_first):
     lse_log2 = torch.full_like(d, math.nan)
     dq_accum = torch.full((batch, heads, padded * head_dim), math.nan, device="cuda")
     name = str(dtype).removeprefix("torch.")
-    kernel = compiled_backward_preprocess(name, head_dim, BLOCK_ROWS, loads_first=loads_first)
+    kernel = compiled_backward_preprocess(name, head_dim, BLOCK_ROWS)
     kernel(out, dout, lse, d, lse_log2, dq_accum)
     torch.cuda.synchronize()
 

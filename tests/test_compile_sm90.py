@@ -73,14 +73,21 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2
-    # dQ leaves by TMA reduction, each warpgroup its own part (half of the columns, or its
-    # rows) after its own 128-thread barrier, one reduction per 128-byte-wide column box (the
-    # widest box a 128-byte swizzle allows), in the masked and the mask-free loop (one
-    # instruction in the code for both warpgroups). The warpgroups meet once per block, at
-    # the 256-thread barrier before the dQ GEMM reads dSᵀ.
+    # dQ leaves by TMA reduction, each warpgroup's part (half of the columns, or its rows)
+    # one reduction per 128-byte-wide column box (the widest box a 128-byte swizzle
+    # allows), issued by the store warp for both parts. A part is handed over through two
+    # 160-thread barriers (its warpgroup and the store warp): the warpgroup arrives on
+    # DQ_FULL and syncs on DQ_EMPTY (ids by register: its own pair), the store warp the
+    # other way round (ids as constants, both parts). The warpgroups meet once per block,
+    # at the 256-thread barrier before the dQ GEMM reads dSᵀ.
     part_columns = head_dim if config.dq_rows else head_dim // 2
-    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * (part_columns * 4 // 128)
-    assert re.search(r"bar\.sync\s+%r\d+, 128;", ptx)
+    parts = config.consumer_warpgroups
+    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == parts * (part_columns * 4 // 128)
+    full, empty = ([str(int(first) + i) for i in range(parts)] for first in (NamedBarrier.DQ_FULL_0, NamedBarrier.DQ_EMPTY_0))
+    handoff = [(op, b) for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)]
+    assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == full
+    assert sorted(b for op, b in handoff if op == "arrive" and not b.startswith("%")) == sorted(empty * 2)
+    assert sum(b.startswith("%") for _, b in handoff) == 4  # masked and mask-free loops: one sync, one arrive
     epilogue = [] if grouped else [NamedBarrier.EPILOGUE] * 2
     assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue]
     # Grouped: dK and dV are added in fp32 by every thread, two adjacent values per 8-byte
@@ -192,25 +199,10 @@ def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
     assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx
 
 
-@pytest.mark.parametrize("warpgroups", (2, 3))
-def test_q_descale_per_warpgroup_candidate_compiles_clean(warpgroups):
-    # The FP8 sweep candidate: one Q descale load per warpgroup and tile, nothing spilled,
-    # no serialised wgmma, with 2- and 3-warpgroup tiles at head dim 64.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-    from flash4.dispatch import select_fp8
-
-    entry = select_fp8("sm_90a", 64, True, 1024, v_per_tensor=True)
-    config = dataclasses.replace(entry.config, q_descale_per_warpgroup=True, consumer_warpgroups=warpgroups)
-    report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a")
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-
-
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_dq_convert_kernel_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
-    # The backward candidate's postprocess (kernels/sm90_bwd_postprocess.py): four fp32
+def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
+    # The backward's postprocess (kernels/sm90_bwd_postprocess.py): four fp32
     # per load, one fp32 multiply each, a paired round-to-nearest cvt, one 8-byte store.
     from flash4.compiler import compile_backward_postprocess_report
 
@@ -220,37 +212,3 @@ def test_dq_convert_kernel_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
     assert loads == stores > 0
     assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads
-
-
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_kv_on_first_stages_candidate_counts_k_and_v_on_the_first_stages(head_dim):
-    # The backward candidate: two extra expect-tx (K on the first Q stage, V on the first
-    # dO stage), the six load descriptors prefetched, no K/V barrier wait; nothing spilled
-    # or serialised.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    base = compile_backward_report(backward_config(head_dim, True))
-    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True), kv_on_first_stages=True))
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    assert report.ptx.count("mbarrier.expect_tx") == base.ptx.count("mbarrier.expect_tx") + 2
-    assert report.ptx.count("prefetch.tensormap") == base.ptx.count("prefetch.tensormap") + 6
-
-
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_dq_store_warp_candidate_hands_dq_over_by_named_barriers(head_dim):
-    # The backward candidate: the consumers arrive on DQ_FULL and sync on DQ_EMPTY (no
-    # 128-thread DQ_PART sync), the store warp the other way round; the same TMA reductions.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    base = compile_backward_report(backward_config(head_dim, True))
-    report = compile_backward_report(dataclasses.replace(backward_config(head_dim, True), dq_store_warp=True))
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    reduce = "cp.reduce.async.bulk.tensor"
-    assert report.ptx.count(reduce) == base.ptx.count(reduce) > 0
-    assert report.ptx.count("bar.arrive") > base.ptx.count("bar.arrive")

@@ -71,7 +71,6 @@ def test_invalid_backward_configs_name_the_field(fields, message):
     "fields,message",
     [
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
-        (dict(q_descale_per_warpgroup=True), "q_descale_per_warpgroup=True: only with fp8=True"),
     ],
 )
 def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):

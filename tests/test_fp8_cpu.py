@@ -85,7 +85,7 @@ def test_tile_descales_repeat_a_per_tensor_descale():
 
 
 def _quantized(seqlen_q=10, seqlen_k=12, heads=4, kv_heads=2, head_dim=64):
-    blocks = fp8_blocks(head_dim)
+    blocks = fp8_blocks(head_dim, False, seqlen_q)
     return (
         quantize_fp8(torch.randn(1, seqlen_q, heads, head_dim), blocks.q),
         quantize_fp8(torch.randn(1, seqlen_k, kv_heads, head_dim), blocks.kv),
@@ -97,9 +97,9 @@ def test_fp8_checks_name_the_argument():
     q, k, v = _quantized()
     with pytest.raises(TypeError, match=r"^q must be a flash4.Fp8Tensor"):
         check_fp8_args(q.values, k, v, None, False)
-    with pytest.raises(ValueError, match=r"^k.block is 64: at head_dim=64 .* one descale per 128 rows .*block=128"):
+    with pytest.raises(ValueError, match=r"^k.block is 64: at head_dim=64, causal=False, seqlen_q=10 the FP8 kernel reads one descale per 128 rows .*block=128"):
         check_fp8_args(q, quantize_fp8(torch.randn(1, 12, 2, 64), 64), v, None, False)
-    with pytest.raises(ValueError, match=r"^q.block is 128: at head_dim=64 .*block=192"):
+    with pytest.raises(ValueError, match=r"^q.block is 128: at head_dim=64, .*block=192"):
         check_fp8_args(quantize_fp8(torch.randn(1, 10, 4, 64), 128), k, v, None, False)
     with pytest.raises(TypeError, match=r"^v must be a flash4.Fp8Tensor .* or flash4.Fp8TransposedV"):
         check_fp8_args(q, k, v.values, None, False)
@@ -138,18 +138,21 @@ def test_flash_attn_fp8_checks_before_quantizing():
         flash_attn_fp8(x.float(), x, x)
 
 
-def test_selector_has_an_fp8_row_per_case_with_one_descale_block():
-    # One row per (head dim, mask), whatever the length, with the same tiles for both masks:
-    # the descale blocks (the tiles) of a head dim never depend on the call.
+def test_fp8_blocks_are_the_tiles_of_the_row_a_problem_selects():
+    # Every (head dim, mask) has FP8 rows; the descale blocks of a problem are the query and
+    # key tiles of the row that serves it (tiles of whole 64-row warpgroups and 32-key
+    # wgmma steps), at every length that row covers.
     assert {(r.head_dim, r.causal) for r in FP8_ROWS} == {(d, c) for d in (64, 128, 256) for c in (False, True)}
     for row in FP8_ROWS:
         config = row.config
-        assert config.fp8 and fp8_blocks(row.head_dim) == (config.tile_m, config.tile_n)
-        assert config.tile_m % 64 == 0 and config.tile_n % 32 == 0
-        for seqlen in (1, 5000, 100_000):
+        assert config.fp8 and config.tile_m % 64 == 0 and config.tile_n % 32 == 0
+        longer = [r.min_seqlen_q for r in FP8_ROWS
+                  if (r.head_dim, r.causal) == (row.head_dim, row.causal) and r.min_seqlen_q > row.min_seqlen_q]
+        for seqlen in {row.min_seqlen_q, min(longer, default=100_001) - 1}:
             assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) == row
+            assert fp8_blocks(row.head_dim, row.causal, seqlen) == (config.tile_m, config.tile_n)
     with pytest.raises(ValueError, match=r"^head_dim=96: the FP8 kernel supports head dims \[64, 128, 256\]"):
-        fp8_blocks(96)
+        fp8_blocks(96, False, 1)
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))

@@ -43,12 +43,11 @@ def _rms(x: torch.Tensor) -> float:
     return x.double().pow(2).mean().sqrt().item()
 
 
-def _check(q8, k8, v8, causal, out, lse, block_m=None):
+def _check(q8, k8, v8, causal, out, lse):
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
-    blocks = fp8_blocks(qd.shape[-1])
-    block_m = block_m or blocks.q
-    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=block_m, block_n=blocks.kv)[0]
+    blocks = fp8_blocks(qd.shape[-1], causal, qd.shape[1])
+    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv)[0]
     model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
     bound = RMSE_SLACK * _rms(model - exact) + BF16_HALF_STEP * _rms(exact)
@@ -81,7 +80,7 @@ def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, hea
         torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
     )
-    blocks = fp8_blocks(head_dim)
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
     q8, k8 = flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard)
     v8 = flash4.quantize_fp8(v, blocks.kv)
     poison_allocator()
@@ -95,7 +94,7 @@ def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, hea
 def test_per_tensor_descales(head_dim, blocks):
     # One tensor per tensor-scaled at a time (or all of them): each descale path alone.
     q, k, v = (torch.randn(1, 700, 4, head_dim, device="cuda") * scale for scale in (1.0, 3.0, 0.2))
-    rows = fp8_blocks(head_dim)
+    rows = fp8_blocks(head_dim, False, 700)
     q8, k8, v8 = (
         flash4.quantize_fp8(t, None if blocks in (name, "none") else block)
         for name, t, block in (("q", q, rows.q), ("k", k, rows.kv), ("v", v, rows.kv))
@@ -114,7 +113,7 @@ def test_flash_attn_fp8_quantizes_and_runs():
     q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True)
     exact, _ = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
-    blocks = fp8_blocks(128)
+    blocks = fp8_blocks(128, True, 1000)
     q8, k8 = flash4.quantize_fp8(q, blocks.q, True), flash4.quantize_fp8(k, blocks.kv, True)
     model = reference.fp8_blockwise_attention(
         q8, k8, flash4.quantize_fp8(v, None), causal=True, block_m=blocks.q, block_n=blocks.kv
@@ -131,7 +130,7 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
     # e4m3 inputs with descales through flash_attn_func, and V laid out beforehand
     # (transpose_fp8_v): the same kernel on the same bytes, the same bits out.
     q, k, v = (torch.randn(2, 700, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    blocks = fp8_blocks(head_dim)
+    blocks = fp8_blocks(head_dim, True, 700)
     q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=True)
     vt = flash4.transpose_fp8_v(v8)
@@ -208,8 +207,8 @@ def _run_variant(q8, k8, v8, causal: bool, **changes):
     return out, lse
 
 
-def _variant_inputs(head_dim: int, seqlen: int):
-    blocks = fp8_blocks(head_dim)
+def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
+    blocks = fp8_blocks(head_dim, causal, seqlen)
     q, k, v = (torch.randn(2, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
     return flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
 
@@ -219,7 +218,7 @@ def _variant_inputs(head_dim: int, seqlen: int):
 def test_skipped_rescale_changes_no_bit(head_dim, causal):
     # The table's kernels skip O's rescale when no row of a warp raised its max; where they
     # skip, the factor is exactly 1, so the kernel that always rescales gives the same bits.
-    q8, k8, v8 = _variant_inputs(head_dim, 3000)
+    q8, k8, v8 = _variant_inputs(head_dim, causal, 3000)
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     out, lse = _run_variant(q8, k8, v8, causal, rescale_when_needed=False)
     assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
@@ -231,29 +230,9 @@ def test_skipped_rescale_changes_no_bit(head_dim, causal):
 def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen):
     # V with one descale takes the kernel whose P scale is a constant and whose V descale
     # multiplies O once at the end (the blockwise V of the test above takes the other).
-    q8, k8, v8 = _variant_inputs(head_dim, seqlen)
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
     assert v8.block is None
     poison_allocator()
     out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     torch.cuda.synchronize()
     _check(q8, k8, v8, causal, out, lse)
-
-
-@pytest.mark.parametrize("head_dim,warpgroups", ((64, 3), (64, 2), (128, 2), (256, 2)))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (100, 3000), (3000, 1000)))
-def test_q_descale_per_warpgroup_candidate_matches_its_model(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
-    # The sweep's candidate with one Q descale per 64 rows: each warpgroup of a 2- or 3-
-    # warpgroup tile reads its own, and a ragged last tile's idle warpgroups the last one.
-    # Q's magnitude changes 16-fold from one 64-row block to the next, so a warpgroup that
-    # read a neighbour's descale would err far beyond the model's bound.
-    from flash4.kernels.configs import ROWS_PER_CONSUMER_WARPGROUP as ROWS
-
-    g = torch.Generator(device="cuda").manual_seed(seqlen_q + 7 * seqlen_k + head_dim + warpgroups)
-    q = torch.randn(2, seqlen_q, 8, head_dim, device="cuda", generator=g)
-    q *= (4.0 ** (torch.arange(seqlen_q, device="cuda") // ROWS % 3 - 1)).view(1, -1, 1, 1)
-    k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda", generator=g) for _ in range(2))
-    q8 = flash4.quantize_fp8(q.bfloat16(), ROWS)
-    k8, v8 = flash4.quantize_fp8(k.bfloat16(), fp8_blocks(head_dim).kv), flash4.quantize_fp8(v.bfloat16(), None)
-    out, lse = _run_variant(q8, k8, v8, causal, q_descale_per_warpgroup=True, consumer_warpgroups=warpgroups)
-    _check(q8, k8, v8, causal, out, lse, block_m=ROWS)
