@@ -107,9 +107,10 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 #
 # Third sweep (two rounds): head dim 128 on three warpgroups and 96-key blocks (the widest
 # that compiles clean with 192 rows; 128 keys spill), against two on 192 keys: 667/898,
-# 471/824 -> 693/947, 484/852 (no ping-pong gave 685/954, 466/839). Head dim 64 causal
-# below 4k on 128-row tiles, as the 16-bit rows: 281 -> 321 at 1k (with one Q descale per
-# warpgroup; 192-row tiles keep 16k, 608 against 540).
+# 471/824 -> 693/947, 484/852 (no ping-pong gave 685/954, 466/839); but causal at 512
+# 330 -> 266 (three rounds), so causal below 1k keeps two on 192 keys (1k: 484 against 486).
+# Head dim 64 causal below 4k on 128-row tiles, as the 16-bit rows: 281 -> 321 at 1k (with
+# one Q descale per warpgroup; 192-row tiles keep 16k, 608 against 540).
 #
 # Not taken: every 8th exponential on the FMA pipe instead of MUFU (lost 1-5% at head dims
 # 64 and 128); one Q descale per 64-row warpgroup on 192-row tiles (lost 7% at head dim 64
@@ -120,7 +121,7 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3)),),
     (64, True): ((1, dict(tile_n=128)), (4096, dict(tile_n=128, consumer_warpgroups=3))),
     (128, False): ((1, dict(tile_n=96, consumer_warpgroups=3)),),
-    (128, True): ((1, dict(tile_n=96, consumer_warpgroups=3)),),
+    (128, True): ((1, dict(tile_n=192)), (1024, dict(tile_n=96, consumer_warpgroups=3))),
     (256, False): ((1, dict(tile_n=128, pingpong=False)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False)),),
 }

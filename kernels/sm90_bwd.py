@@ -18,8 +18,9 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
 both warpgroups, so dSᵀ alone goes through shared memory; each warpgroup then computes
-half of dQ's columns and adds them into the accumulator itself, so the two meet once per
-query block (when dSᵀ is written) and dSᵀ takes two buffers.
+its part of dQ (half of the columns, or its 64 query rows at head dim 64) and writes it to
+shared memory for the store warp to add into the accumulator, so the two warpgroups meet
+once per query block (when dSᵀ is written) and dSᵀ takes two buffers.
 
 At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per thread, so
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
@@ -28,11 +29,13 @@ shared memory, where each warpgroup's dV and dK GEMMs read all queries of both (
 
 The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
 rowsum(dO ∘ O) and lse_log2 = LSE · log2(e), padded with +inf so that rows past seqlen_q
-get P = 0; the dQ accumulator is converted to the input dtype (times the softmax scale)
-afterwards.
+get P = 0; the postprocess (kernels/sm90_bwd_postprocess.py) converts the dQ accumulator
+to the input dtype, times the softmax scale.
 
 Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
-into rings, each with its rows' lse_log2 or D; warpgroups 1 and 2 are the consumers.
+into rings, each with its rows' lse_log2 or D; warpgroup 0, warp 1 (the dQ store warp)
+issues the TMA reductions of the dQ parts the consumers hand over; warpgroups 1 and 2 are
+the consumers.
 """
 
 from __future__ import annotations
