@@ -19,8 +19,8 @@ cvt's satfinite never acts, as |x| / descale <= 448 by construction.
 A block's CTA has four warps: with one, a head-dim-256 block of 128 rows kept one warp
 busy for 128 loads in turn, and the 1024 CTAs of a 16k-token tensor left 8 warps per SM,
 too few loads in flight (quantizing took 2.5x the FP8 attention it fed at seqlen 1k). The
-warps combine their largest magnitudes through shared memory. The V kernel keeps one warp
-per key group (a grid of 32-key groups is large enough).
+warps combine their largest magnitudes through shared memory. The V kernel has one warp
+per key group, four groups to a CTA.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
 KEY_GROUP = len(FP8_PV_KEY_ORDER)
+# Warps (key groups) of a V CTA: with one, 32-thread CTAs cap an SM at 32 warps (its limit
+# of 32 resident CTAs), half of the 64 it can hold.
+V_WARPS = 4
 
 
 @cute.jit
@@ -127,20 +130,35 @@ class QuantizeFp8Rows:
             descale = amax / E4M3_MAX if amax > 0.0 else Float32(1.0)
             if tidx == 0:
                 mDescale[batch, head, m_block] = descale
-        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-            index = turn * ROW_THREADS + tidx
-            row = first_row + index // self.vectors_per_row
-            if row < end_row:
-                column = index % self.vectors_per_row
-                values = to_e4m3(self._load(mX, row, column, head, batch), descale, self.vector)
-                cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
+        # Loads in batches ahead of their stores: ptxas keeps a load behind an earlier store
+        # to memory it cannot tell apart, so a loop of load-convert-store has one load in
+        # flight per thread.
+        for first_turn in cutlass.range_constexpr(0, self.turns, LOADS_IN_FLIGHT):
+            turns = range(first_turn, min(first_turn + LOADS_IN_FLIGHT, self.turns))
+            xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
+            for x, turn in zip(xs, turns):
+                index = turn * ROW_THREADS + tidx
+                if first_row + index // self.vectors_per_row < end_row:
+                    self._load_into(x, mX, first_row + index // self.vectors_per_row, index % self.vectors_per_row,
+                                    head, batch)
+            for x, turn in zip(xs, turns):
+                index = turn * ROW_THREADS + tidx
+                row = first_row + index // self.vectors_per_row
+                if row < end_row:
+                    column = index % self.vectors_per_row
+                    values = to_e4m3(x.load().to(Float32), descale, self.vector)
+                    cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
 
     @cute.jit
     def _load(self, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32) -> cute.TensorSSA:
         """One 16-byte vector of ``row`` (the ``column``-th of the row), as float32."""
         x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
+        self._load_into(x, mX, row, column, head, batch)
         return x.load().to(Float32)
+
+    @cute.jit
+    def _load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32):
+        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
 
 
 class QuantizeFp8TransposedV:
@@ -163,30 +181,40 @@ class QuantizeFp8TransposedV:
         stream: cuda.CUstream,
     ):
         mV = rows_first(mV)
+        groups = cute.size(mOut.shape[3]) // KEY_GROUP
         self.kernel(mV, mOut, mDescale).launch(
-            grid=(cute.size(mOut.shape[3]) // KEY_GROUP, cute.size(mOut.shape[1]), cute.size(mOut.shape[0])),
-            block=[THREADS_PER_WARP, 1, 1],
+            grid=(cute.ceil_div(groups, V_WARPS), cute.size(mOut.shape[1]), cute.size(mOut.shape[0])),
+            block=[V_WARPS * THREADS_PER_WARP, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
     def kernel(self, mV: cute.Tensor, mOut: cute.Tensor, mDescale: cute.Tensor):
-        position = cute.arch.thread_idx()[0]
-        group, head, batch = cute.arch.block_idx()
-        descale = mDescale[0]
-        key = group * KEY_GROUP + self._key_at(position)
-        column = group * KEY_GROUP + position
-        for chunk in cutlass.range(self.head_dim // self.vector, unroll=LOADS_IN_FLIGHT):
-            words = cute.make_rmem_tensor(cute.make_layout(self.vector // 4), Int32)
-            words.fill(0)  # padding keys: e4m3 zero
-            if key < mV.shape[0]:
-                x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-                cute.autovec_copy(cute.local_tile(mV[key, None, head, batch], (self.vector,), (chunk,)), x)
-                values = to_e4m3(x.load().to(Float32), descale, self.vector)
-                words.store(cute.recast_tensor(values, Int32).load())
-            for j in cutlass.range_constexpr(self.vector):
-                byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF
-                mOut[batch, head, chunk * self.vector + j, column] = cutlass.Uint8(byte)
+        tidx = cute.arch.thread_idx()[0]
+        block, head, batch = cute.arch.block_idx()
+        group = block * V_WARPS + cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
+        position = tidx % THREADS_PER_WARP
+        if group < mOut.shape[3] // KEY_GROUP:
+            descale = mDescale[0]
+            key = group * KEY_GROUP + self._key_at(position)
+            column = group * KEY_GROUP + position
+            chunks = self.head_dim // self.vector
+            # Loads in batches ahead of their stores (see QuantizeFp8Rows.kernel).
+            for first in cutlass.range_constexpr(0, chunks, LOADS_IN_FLIGHT):
+                batch_chunks = range(first, min(first + LOADS_IN_FLIGHT, chunks))
+                xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in batch_chunks]
+                if key < mV.shape[0]:
+                    for x, chunk in zip(xs, batch_chunks):
+                        cute.autovec_copy(cute.local_tile(mV[key, None, head, batch], (self.vector,), (chunk,)), x)
+                for x, chunk in zip(xs, batch_chunks):
+                    words = cute.make_rmem_tensor(cute.make_layout(self.vector // 4), Int32)
+                    words.fill(0)  # padding keys: e4m3 zero
+                    if key < mV.shape[0]:
+                        values = to_e4m3(x.load().to(Float32), descale, self.vector)
+                        words.store(cute.recast_tensor(values, Int32).load())
+                    for j in cutlass.range_constexpr(self.vector):
+                        byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF
+                        mOut[batch, head, chunk * self.vector + j, column] = cutlass.Uint8(byte)
 
     @cute.jit
     def _key_at(self, position: Int32) -> Int32:

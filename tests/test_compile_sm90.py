@@ -212,3 +212,20 @@ def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
     assert loads == stores > 0
     assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads
+
+
+@pytest.mark.parametrize("transposed_v", (False, True), ids=("rows", "transposed_v"))
+def test_quantize_kernels_issue_their_loads_ahead_of_their_stores(transposed_v):
+    # A load-convert-store loop keeps one load in flight per thread (a load stays behind a
+    # store to memory the compiler cannot tell apart): the stores of a batch come after all
+    # of its LOADS_IN_FLIGHT loads. Per tensor, the rows kernel has only its storing pass.
+    from flash4.compiler import compile_quantize_report
+    from flash4.kernels.quantize_fp8 import LOADS_IN_FLIGHT
+
+    report = compile_quantize_report("bfloat16", 128, None, transposed_v=transposed_v)
+    order = "".join(
+        "L" if line.startswith("ld.global.v4") else "S"
+        for line in (raw.strip() for raw in report.ptx.splitlines())
+        if line.startswith(("ld.global.v4", "st.global"))
+    )
+    assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
