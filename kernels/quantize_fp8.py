@@ -33,15 +33,12 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .memory_pass import LOAD_BYTES, LOADS_IN_FLIGHT, load_batches
 from .mma_layouts import FP8_PV_KEY_ORDER
 from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
-# 16-byte global loads: the widest a thread issues.
-LOAD_BYTES = 16
-# Loads a lane keeps in flight in the loops over a block (unrolled this far).
-LOADS_IN_FLIGHT = 8
 # Warps of a blockwise CTA (see the module docstring).
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
@@ -130,11 +127,7 @@ class QuantizeFp8Rows:
             descale = amax / E4M3_MAX if amax > 0.0 else Float32(1.0)
             if tidx == 0:
                 mDescale[batch, head, m_block] = descale
-        # Loads in batches ahead of their stores: ptxas keeps a load behind an earlier store
-        # to memory it cannot tell apart, so a loop of load-convert-store has one load in
-        # flight per thread.
-        for first_turn in cutlass.range_constexpr(0, self.turns, LOADS_IN_FLIGHT):
-            turns = range(first_turn, min(first_turn + LOADS_IN_FLIGHT, self.turns))
+        for turns in load_batches(self.turns):
             xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
             for x, turn in zip(xs, turns):
                 index = turn * ROW_THREADS + tidx
@@ -199,9 +192,7 @@ class QuantizeFp8TransposedV:
             key = group * KEY_GROUP + self._key_at(position)
             column = group * KEY_GROUP + position
             chunks = self.head_dim // self.vector
-            # Loads in batches ahead of their stores (see QuantizeFp8Rows.kernel).
-            for first in cutlass.range_constexpr(0, chunks, LOADS_IN_FLIGHT):
-                batch_chunks = range(first, min(first + LOADS_IN_FLIGHT, chunks))
+            for batch_chunks in load_batches(chunks):
                 xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in batch_chunks]
                 if key < mV.shape[0]:
                     for x, chunk in zip(xs, batch_chunks):

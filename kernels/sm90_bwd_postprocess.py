@@ -23,17 +23,14 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .memory_pass import LOAD_BYTES, load_batches
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
-# 16-byte global loads: the widest a thread issues (four fp32).
-LOAD_BYTES = 16
 # Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
 THREADS = 4 * THREADS_PER_WARP
 # Rows per CTA: a block of 64 rows of head dim 128 is 32 KiB of fp32, 16 loads a thread.
 BLOCK_ROWS = 64
-# Loads a thread keeps in flight (the loop over its block is unrolled this far).
-LOADS_IN_FLIGHT = 8
 
 
 class Sm90BackwardPostprocess:
@@ -74,15 +71,21 @@ class Sm90BackwardPostprocess:
         end_row = first_row + BLOCK_ROWS
         if mdQ.shape[0] < end_row:
             end_row = mdQ.shape[0]
-        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-            index = turn * THREADS + tidx
-            row = first_row + index // self.vectors_per_row
-            if row < end_row:
-                column = index % self.vectors_per_row
-                accum = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
-                cute.autovec_copy(cute.local_tile(mAccum[batch, head, row, None], (self.vector,), (column,)), accum)
-                scaled = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
-                scaled.store(accum.load() * softmax_scale)
-                dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-                convert_packed(scaled, dq)
-                cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))
+        for turns in load_batches(self.turns):
+            accums = [cute.make_rmem_tensor(cute.make_layout(self.vector), Float32) for _ in turns]
+            for accum, turn in zip(accums, turns):
+                index = turn * THREADS + tidx
+                row = first_row + index // self.vectors_per_row
+                if row < end_row:
+                    column = index % self.vectors_per_row
+                    cute.autovec_copy(cute.local_tile(mAccum[batch, head, row, None], (self.vector,), (column,)), accum)
+            for accum, turn in zip(accums, turns):
+                index = turn * THREADS + tidx
+                row = first_row + index // self.vectors_per_row
+                if row < end_row:
+                    column = index % self.vectors_per_row
+                    scaled = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
+                    scaled.store(accum.load() * softmax_scale)
+                    dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+                    convert_packed(scaled, dq)
+                    cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))

@@ -28,10 +28,9 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .memory_pass import LOAD_BYTES
 from .wgmma import rows_first
 
-# 16-byte global loads: the widest a thread issues.
-LOAD_BYTES = 16
 # fp32 values per 16-byte store.
 ZERO_VECTOR = LOAD_BYTES // 4
 # Four warps: enough loads in flight per SM for a bandwidth-bound pass, with many CTAs.

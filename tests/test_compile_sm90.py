@@ -214,15 +214,19 @@ def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
     assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads
 
 
-@pytest.mark.parametrize("transposed_v", (False, True), ids=("rows", "transposed_v"))
-def test_quantize_kernels_issue_their_loads_ahead_of_their_stores(transposed_v):
+@pytest.mark.parametrize("kernel", ("quantize_rows", "quantize_transposed_v", "bwd_postprocess"))
+def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
     # A load-convert-store loop keeps one load in flight per thread (a load stays behind a
     # store to memory the compiler cannot tell apart): the stores of a batch come after all
     # of its LOADS_IN_FLIGHT loads. Per tensor, the rows kernel has only its storing pass.
-    from flash4.compiler import compile_quantize_report
-    from flash4.kernels.quantize_fp8 import LOADS_IN_FLIGHT
+    from flash4.compiler import compile_backward_postprocess_report, compile_quantize_report
+    from flash4.kernels.memory_pass import LOADS_IN_FLIGHT
 
-    report = compile_quantize_report("bfloat16", 128, None, transposed_v=transposed_v)
+    report = {
+        "quantize_rows": lambda: compile_quantize_report("bfloat16", 128, None),
+        "quantize_transposed_v": lambda: compile_quantize_report("bfloat16", 128, None, transposed_v=True),
+        "bwd_postprocess": lambda: compile_backward_postprocess_report("bfloat16", 128),
+    }[kernel]()
     order = "".join(
         "L" if line.startswith("ld.global.v4") else "S"
         for line in (raw.strip() for raw in report.ptx.splitlines())

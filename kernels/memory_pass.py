@@ -1,0 +1,25 @@
+"""What the bandwidth-bound passes (FP8 quantization, the backward's pre- and postprocess)
+share: how wide a thread's loads are and how many it keeps in flight.
+
+A thread's work in such a pass is a list of turns, one 16-byte load and one store each.
+Written as a loop of load-convert-store, it keeps one load in flight: ptxas keeps a load
+behind an earlier store to memory it cannot tell apart, and the next convert waits for the
+load. ``load_batches`` splits the turns into batches whose loads are all issued (unrolled
+at trace time) before the batch's first store.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+# 16-byte global loads: the widest a thread issues.
+LOAD_BYTES = 16
+# Loads a thread keeps in flight: at 4.8 TB/s and about 1 us of latency an H200 SM needs
+# some 36 KB in flight, nine warps' worth of eight 16-byte loads a lane.
+LOADS_IN_FLIGHT = 8
+
+
+def load_batches(turns: int) -> Iterator[range]:
+    """The turns ``0 .. turns - 1`` in consecutive batches of at most LOADS_IN_FLIGHT."""
+    for first in range(0, turns, LOADS_IN_FLIGHT):
+        yield range(first, min(first + LOADS_IN_FLIGHT, turns))
