@@ -54,6 +54,12 @@ class Sm90ForwardConfig:
     # head dim 128. Exact: a skipped factor is exactly 1. The FP8 rows and head dim
     # 256 take it (flash4/dispatch.py has the sweeps).
     rescale_when_needed: bool = False
+    # Causal, one tile per CTA: the longest tiles first across all heads whose K and V fit
+    # in L2 together, not one head at a time (pipelines/tile_scheduler.py). At head dim 256
+    # it measured within 2% of per-head order (2026-11-29); a model of the dispatch puts the
+    # persistent pairs of head dim 64 at 93-94% of the SMs' time at 8k/16k against 97-98%
+    # for this order. [Sweep candidate, not yet run on a GPU at head dims 64 and 128.]
+    l2_head_groups: bool = False
     # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
     # P's scale is the constant 448 and V's descale multiplies O once, so each key block
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
@@ -96,6 +102,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.l2_head_groups and (self.persistent or not self.causal):
+            raise ValueError("l2_head_groups=True: only causal with persistent=False (one tile per CTA)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:

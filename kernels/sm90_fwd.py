@@ -214,7 +214,7 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        grid = self.scheduler(mQ).grid(max_ctas)
+        grid = self.scheduler(mQ, mK).grid(max_ctas)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -250,8 +250,12 @@ class Sm90ForwardKernel:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-    def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
-        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
+    def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor) -> TileScheduler:
+        """Tiles of ``mQ``, viewed like ``mK`` as (seqlen, head_dim, heads, batch)."""
+        heads_per_l2_group = None
+        if cutlass.const_expr(self.config.l2_head_groups):
+            kv_row_bytes = 2 * self.head_dim * self.dtype.width // 8
+            heads_per_l2_group = TileScheduler.heads_fitting_l2(cute.size(mK.shape[0]), kv_row_bytes)
         return TileScheduler(
             cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
             cute.size(mQ.shape[2]),
@@ -259,6 +263,7 @@ class Sm90ForwardKernel:
             persistent=self.config.persistent,
             causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
+            heads_per_l2_group=heads_per_l2_group,
         )
 
     # ---------------------------------------------------------------- device side
@@ -313,7 +318,7 @@ class Sm90ForwardKernel:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         finish_init()
 
-        scheduler = self.scheduler(mQ)
+        scheduler = self.scheduler(mQ, mK)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:

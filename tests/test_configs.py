@@ -28,6 +28,8 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=72, tile_n=120), "tile_n=120"),
         (dict(head_dim=264, tile_n=64), "head_dim=264"),
         (dict(head_dim=256, tile_n=128), "bytes of shared memory"),
+        (dict(head_dim=64, tile_n=128, l2_head_groups=True), "l2_head_groups=True: only causal"),
+        (dict(head_dim=64, tile_n=128, causal=True, persistent=True, l2_head_groups=True), "l2_head_groups=True"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):

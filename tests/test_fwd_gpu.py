@@ -139,6 +139,18 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (512, 4096), (4096, 4096))
+)
+def test_l2_head_group_order_candidate_matches_reference(head_dim, seqlen_q, seqlen_k):
+    # The sweep candidate's one-dimensional causal grid: at 4096 keys the 4 * 8 heads make
+    # one group at head dim 64 (40 heads' K and V fit the L2 budget), 20 + 12 at 128 and
+    # 10 + 10 + 10 + 2 at 256, so partial last groups and tiles that see no key (seqlen_q >
+    # seqlen_k) are all walked; every row written once, against the reference.
+    _check_config_variant(head_dim, True, seqlen_q, seqlen_k, persistent=False, l2_head_groups=True)
+
+
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
