@@ -60,6 +60,11 @@ class Sm90ForwardConfig:
     # persistent pairs of head dim 64 at 93-94% of the SMs' time at 8k/16k against 97-98%
     # for this order. [Sweep candidate, not yet run on a GPU at head dims 64 and 128.]
     l2_head_groups: bool = False
+    # The epilogue's second barrier (O written to shared memory) as a sync of the storing
+    # warp only: the other consumer warps arrive and go on to the next tile instead of
+    # waiting for every warp's stmatrix (flash-attn-4 does so). [Sweep candidate, not yet
+    # run on a GPU.]
+    epilogue_arrive: bool = False
     # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
     # P's scale is the constant 448 and V's descale multiplies O once, so each key block
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the

@@ -673,7 +673,17 @@ class Sm90ForwardKernel:
         # The TMA engine reads sO through the async proxy: make the generic-proxy writes
         # above visible to it, then wait for every consumer thread's part.
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+        if cutlass.const_expr(self.config.epilogue_arrive):
+            # Only the storing warp waits; the others go on to their next tile, whose O they
+            # write only after the storing warp has passed here (sO's reuse waits on
+            # EPILOGUE, Q's on the store it issues).
+            written = int(NamedBarrier.EPILOGUE_O_WRITTEN)
+            if cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP) == 0:
+                cute.arch.barrier(barrier_id=written, number_of_threads=self.consumer_threads)
+            else:
+                cute.arch.barrier_arrive(barrier_id=written, number_of_threads=self.consumer_threads)
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
             o_tile = (self.tile_m, self.head_dim)
             tOsO, tOgO = tma_tile(tma_atom_O, sO, mO[None, None, tile.head, tile.batch], o_tile, tile.m_block)

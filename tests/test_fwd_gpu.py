@@ -151,6 +151,17 @@ def test_l2_head_group_order_candidate_matches_reference(head_dim, seqlen_q, seq
     _check_config_variant(head_dim, True, seqlen_q, seqlen_k, persistent=False, l2_head_groups=True)
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (4096, 128)))
+def test_epilogue_arrive_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
+    # The sweep candidate whose consumer warps only arrive once their O is in shared
+    # memory: persistent CTAs (the table's rows at 64 and 128) run several tiles each, short
+    # ones (128 keys, causal first blocks) right after long ones, so an early warp reaches
+    # its next tile while the storing warp may still wait; every row written, right.
+    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, epilogue_arrive=True)
+
+
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
