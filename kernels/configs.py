@@ -153,6 +153,13 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
+    # dQ computed transposed, dQᵀ = Kᵀ dSᵀ: M = head_dim (each warpgroup its 64 columns),
+    # N = the query block, so tile_m need not be a multiple of 64. With 80 query rows at
+    # head dim 128 (flash-attn-4's non-causal choice) every wgmma of a query block is 25%
+    # wider than at 64 rows, reading 7.5% fewer shared-memory operand bytes per row, and the
+    # block's barriers and waits are shared by 25% more rows. [Sweep candidate, not yet run
+    # on a GPU.]
+    dq_swap_ab: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -189,6 +196,16 @@ class Sm90BackwardConfig:
             raise ValueError(
                 f"dq_rows=True: each warpgroup takes 64 query rows, so tile_m={rows_per_split} "
                 f"(got {self.tile_m}) and no head_dim_split"
+            )
+        dq_columns = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS
+        if self.dq_swap_ab and (self.head_dim_split or self.dq_rows or self.head_dim != dq_columns):
+            raise ValueError(
+                f"dq_swap_ab=True: each warpgroup takes 64 of dQ's columns, so head_dim={dq_columns} "
+                f"(got {self.head_dim}), no head_dim_split, no dq_rows"
+            )
+        if not (self.dq_swap_ab or self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
+            raise ValueError(
+                f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64 (or dq_swap_ab)"
             )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

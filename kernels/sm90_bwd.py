@@ -256,6 +256,10 @@ class Sm90BackwardKernel:
         dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
         if cutlass.const_expr(self.config.dq_rows):
             dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.head_dim)
+        if cutlass.const_expr(self.config.dq_swap_ab):
+            # dQᵀ: M = head_dim (64 columns per warpgroup), N = queries, K = keys; K read as
+            # (head_dim, keys) and dS as (queries, keys), the same views in the other roles.
+            dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.tile_m)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
@@ -519,10 +523,12 @@ class Sm90BackwardKernel:
             tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO)),
             tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
             tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
-            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
-            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
+            tdQrdS=(wg_dq.make_fragment_B(wg_dq.partition_B(sdSt)) if self.config.dq_swap_ab
+                    else wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))),
+            tdQrK=(wg_dq.make_fragment_A(wg_dq.partition_A(sKt)) if self.config.dq_swap_ab
+                   else wg_dq.make_fragment_B(wg_dq.partition_B(sKt))),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
-            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
+            dq_shape=wg_dq.partition_shape_C((d, tile_m) if self.config.dq_swap_ab else (tile_m, d)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
@@ -533,9 +539,13 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent fp32 columns as one 8-byte store.
+            # Pairs of adjacent fp32 columns as one 8-byte store; transposed (dq_swap_ab) a
+            # pair is two queries, two rows of the tile, stored one by one.
             store_dq=cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
+                cute.make_copy_atom(
+                    cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=32 if self.config.dq_swap_ab else 64
+                ),
+                tiled_mma_dq,
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )
@@ -626,7 +636,7 @@ class Sm90BackwardKernel:
                 ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
                 False,
             )
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            self.dq_gemm(ops, acc_dq, ds_stage)
             warpgroup.wait_group(2)
             q_ring.consumer_release(q_state)
             warpgroup.wait_group(1)
@@ -636,7 +646,9 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            if cutlass.const_expr(self.config.dq_swap_ab):
+                warpgroup.wait_group(0)  # dV done: Pᵀ's registers free for dQᵀ's
+            self.dq_gemm(ops, acc_dq, ds_stage)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
@@ -645,6 +657,15 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
+
+    @cute.jit
+    def dq_gemm(self, ops: BackwardOperands, acc_dq: cute.Tensor, ds_stage: Int32):
+        """dQ = dS K into ``acc_dq`` (or, dq_swap_ab, dQᵀ = Kᵀ dSᵀ)."""
+        ds = ops.tdQrdS[None, None, None, ds_stage]
+        if cutlass.const_expr(self.config.dq_swap_ab):
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrK, ds, True)
+        else:
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ds, ops.tdQrK, True)
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):
@@ -661,6 +682,9 @@ class Sm90BackwardKernel:
             tile = cute.composition(
                 sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
             )
+        if cutlass.const_expr(self.config.dq_swap_ab):
+            # The accumulator is dQᵀ: (head_dim, queries) over the same tile.
+            tile = cute.composition(tile, cute.make_layout((self.head_dim, self.tile_m), stride=(self.tile_m, 1)))
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit

@@ -41,7 +41,11 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
 # and dO stages (lost 2-6% at 16k). (Deterministic cost 0.59-0.74x; the README has it.)
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# Candidate: dQ transposed on 80-row query blocks at head dim 128 (flash-attn-4's
+# non-causal choice; compiles with 52 bytes spilled in the loop).
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict()], 128: [dict(), dict(tile_m=80, dq_swap_ab=True)], 256: [dict()]
+}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

@@ -199,6 +199,24 @@ def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
     assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx
 
 
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_dq_swap_ab_candidate_builds_80_row_blocks_without_serialised_wgmmas(causal):
+    # The backward candidate at head dim 128: dQᵀ's wgmmas take the head dim as M (one
+    # 64-column part per warpgroup) and 80 queries as N; ptxas pipelines every wgmma (it
+    # serialised them while dQᵀ's GEMM overlapped the dV GEMM, so it waits for dV now).
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = dataclasses.replace(backward_config(128, causal), tile_m=80, dq_swap_ab=True)
+    report = compile_backward_report(config)
+    assert report.serialized_wgmma == 0
+    # S and dP (8 k-slices each), dV and dK (5 each), dQ (8): per loop, masked and not.
+    assert report.ptx.count("wgmma.mma_async") == 2 * (8 + 8 + 5 + 5 + 8)
+    assert "n80" in report.ptx
+
+
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
