@@ -59,7 +59,9 @@ from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, regi
 from .configs import BACKWARD_DS_STAGES, ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import (
+    SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, unswizzled_tile_layout, warpgroup_gemm,
+)
 
 # A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
 # row tile's 32 banks in order).
@@ -273,6 +275,11 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(self.config.dq_rows):
             dq_part = (self.tile_m // wgs, self.head_dim)
         sdQ_layout = smem_tile_layout(Float32, *dq_part, wgs)
+        if cutlass.const_expr(self.config.dq_swap_ab):
+            # dQᵀ is written one fp32 at a time down the tile's columns: with the 128-byte
+            # swizzle each address took registers enough to spill 52 bytes in the loop
+            # (12 without it), for 4-way bank conflicts instead of none.
+            sdQ_layout = unswizzled_tile_layout(*dq_part, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()

@@ -42,7 +42,7 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
 # and dO stages (lost 2-6% at 16k). (Deterministic cost 0.59-0.74x; the README has it.)
 # Candidate: dQ transposed on 80-row query blocks at head dim 128 (flash-attn-4's
-# non-causal choice; compiles with 52 bytes spilled in the loop).
+# non-causal choice; three values spilled before the loops, reloaded in them).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     64: [dict()], 128: [dict(), dict(tile_m=80, dq_swap_ab=True)], 256: [dict()]
 }
