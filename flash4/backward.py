@@ -90,7 +90,6 @@ def attention_backward(
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
     # Deterministic: a turn counter per (query block, head) for dQ, per (key block, kv head)
@@ -103,6 +102,10 @@ def attention_backward(
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
+    # The preprocess right before the main kernel: with config.pdl the two overlap.
+    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m, signals_dependents=config.pdl)(
+        out, dout, lse, delta, lse_log2, dq_accum
+    )
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
         dq_turns, kv_turns, problem.softmax_scale,

@@ -160,6 +160,13 @@ class Sm90BackwardConfig:
     # block's barriers and waits are shared by 25% more rows. [Sweep candidate, not yet run
     # on a GPU.]
     dq_swap_ab: bool = False
+    # Programmatic dependent launch: the preprocess lets the main kernel launch as its own
+    # CTAs start, and the main kernel's producer loads K and V before it waits for the
+    # preprocess's LSE and D (its store warp waits before the first dQ reduction into the
+    # accumulator the preprocess zeroes), hiding a launch and a CTA prologue per call, as
+    # flash-attn-4 does (a few percent of a call at seqlen 512). [Sweep candidate, not yet
+    # run on a GPU.]
+    pdl: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

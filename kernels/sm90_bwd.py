@@ -318,6 +318,7 @@ class Sm90BackwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.config.pdl,
         )
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
@@ -440,6 +441,9 @@ class Sm90BackwardKernel:
         gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
         self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
+        if cutlass.const_expr(self.config.pdl):
+            # LSE·log2(e) and D come from the preprocess, which may still run.
+            cute.arch.griddepcontrol_wait()
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
@@ -741,6 +745,9 @@ class Sm90BackwardKernel:
         block's parts are free from the start; after the last, nothing waits for them, so
         the last read is awaited only for shared memory to outlive it."""
         parts = self.config.consumer_warpgroups
+        if cutlass.const_expr(self.config.pdl):
+            # The accumulator is zeroed by the preprocess, which may still run.
+            cute.arch.griddepcontrol_wait()
         if m_begin < m_end:
             for part in cutlass.range_constexpr(parts):
                 cute.arch.barrier_arrive(

@@ -41,10 +41,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
 # and dO stages (lost 2-6% at 16k). (Deterministic cost 0.59-0.74x; the README has it.)
-# Candidate: dQ transposed on 80-row query blocks at head dim 128 (flash-attn-4's
-# non-causal choice; three values spilled before the loops, reloaded in them).
+# Candidates: dQ transposed on 80-row query blocks at head dim 128 (flash-attn-4's
+# non-causal choice; three values spilled before the loops, reloaded in them);
+# programmatic dependent launch of the main kernel after the preprocess (pdl).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict()], 128: [dict(), dict(tile_m=80, dq_swap_ab=True)], 256: [dict()]
+    64: [dict(), dict(pdl=True)],
+    128: [dict(), dict(tile_m=80, dq_swap_ab=True), dict(pdl=True), dict(tile_m=80, dq_swap_ab=True, pdl=True)],
+    256: [dict(), dict(pdl=True)],
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it

@@ -4,6 +4,7 @@ the instructions the design depends on (TMA, wgmma, setmaxnreg, mbarrier)."""
 from __future__ import annotations
 
 import re
+import tempfile
 
 import pytest
 
@@ -251,3 +252,29 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         if line.startswith(("ld.global.v4", "st.global"))
     )
     assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_pdl_candidate_waits_for_the_preprocess_where_it_reads_its_outputs(head_dim):
+    # The backward candidate with programmatic dependent launch: the preprocess signals
+    # once per CTA, and the main kernel waits twice, in the producer (before LSE and D) and
+    # in the dQ store warp (before reducing into the zeroed accumulator); nothing else
+    # changes, nothing spills.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_preprocess, compile_backward_report
+
+    config = dataclasses.replace(backward_config(head_dim, True), pdl=True)
+    report = compile_backward_report(config)
+    assert report.ptx.count("griddepcontrol.wait") == 2
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    base = compile_backward_report(backward_config(head_dim, True))
+    assert "griddepcontrol" not in base.ptx
+    assert report.ptx.count("wgmma.mma_async") == base.ptx.count("wgmma.mma_async")
+    with tempfile.TemporaryDirectory() as scratch:
+        pre = compile_backward_preprocess(
+            "bfloat16", head_dim, config.tile_m, "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={scratch}",
+            signals_dependents=True,
+        )
+        assert pre.__ptx__.count("griddepcontrol.launch_dependents") == 1
