@@ -179,8 +179,7 @@ def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     if v.dim() != 4:
         raise ValueError(f"v must be (batch, seqlen, heads, head_dim), got shape {tuple(v.shape)}")
     batch, seqlen, heads, head_dim = v.shape
-    low, high = torch.aminmax(v)
-    descale = _descale(torch.maximum(high, -low).float())
+    descale = _descale(_tensor_amax(v))
     if _gpu_kernel_takes(v):
         return Fp8TransposedV(_value_layout_on_gpu(v, descale), descale, None, seqlen)
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=FP8_DTYPE, device=v.device)
@@ -247,8 +246,7 @@ def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     dtype = _dtype_name(x)
     with torch.cuda.device(x.device):
         if block is None:
-            low, high = torch.aminmax(x)
-            descale = _descale(torch.maximum(high, -low).float())
+            descale = _descale(_tensor_amax(x))
             compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1))
         else:
             descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
@@ -322,6 +320,12 @@ def _key_bit_order() -> tuple[int, ...]:
     return bits
 
 
+def _tensor_amax(x: Tensor) -> Tensor:
+    """The largest magnitude of ``x`` as a float32 0-dim tensor, in one reduction (exact:
+    every 16-bit value is a float32)."""
+    return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
+
+
 def _descale(amax: Tensor) -> Tensor:
     """amax (float32) / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()
+    return torch.where(amax > 0, amax / FP8_MAX, 1.0).float()
