@@ -12,7 +12,6 @@ laid out beforehand (``transpose_fp8_v``).
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
 from flash4.compiler import compiled_forward
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
-from flash4.interface import LOG2_E, device_arch, device_sms
+from flash4.interface import LOG2_E, device_arch, device_sms, on_device
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (
     FP8_KEY_GROUP,
@@ -118,9 +117,7 @@ def flash_attn_fp8_quantized(
     kv_blocks = -(-problem.seqlen_k // entry.config.tile_n)
     out = torch.empty(q.values.shape, dtype=OUT_DTYPE, device=device)
     lse = torch.empty(batch, heads, problem.seqlen_q, dtype=torch.float32, device=device) if return_lse else None
-    # Switching devices costs microseconds: only when the tensors live elsewhere.
-    same = device.index == torch.cuda.current_device()
-    with contextlib.nullcontext() if same else torch.cuda.device(device):
+    with on_device(device):
         kernel(
             q.values, k.values, v.values if isinstance(v, Fp8TransposedV) else fp8_value_layout(v.values), out, lse,
             tile_descales(q, batch, heads, q_blocks),

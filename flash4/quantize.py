@@ -239,12 +239,13 @@ def _dtype_name(x: Tensor) -> str:
 def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     """``quantize_fp8`` of an (already rotated) CUDA tensor by kernels/quantize_fp8.py."""
     from flash4.compiler import compiled_quantize_fp8
+    from flash4.interface import on_device
 
     x = _kernel_input(x)
     batch, seqlen, heads, head_dim = x.shape
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     dtype = _dtype_name(x)
-    with torch.cuda.device(x.device):
+    with on_device(x.device):
         if block is None:
             descale = _descale(_tensor_amax(x))
             compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1))
@@ -257,11 +258,12 @@ def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
 def _value_layout_on_gpu(v: Tensor, descale: Tensor) -> Tensor:
     """v over the per-tensor ``descale``, rounded to e4m3 in the FP8 kernel's V layout."""
     from flash4.compiler import compiled_quantize_fp8_transposed_v
+    from flash4.interface import on_device
 
     v = _kernel_input(v)
     batch, seqlen, heads, head_dim = v.shape
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=v.device)
-    with torch.cuda.device(v.device):
+    with on_device(v.device):
         compiled_quantize_fp8_transposed_v(_dtype_name(v), head_dim)(v, out, descale.reshape(1))
     return out.view(FP8_DTYPE)
 

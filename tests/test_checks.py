@@ -343,3 +343,21 @@ def test_backward_head_dims(head_dim):
     else:
         with pytest.raises(NotImplementedError, match=rf"^head_dim={head_dim}: .*\(64, 128, 256\).*torch.no_grad\(\)"):
             check_backward_supported(problem)
+
+
+def test_launches_switch_device_only_for_another_device(monkeypatch):
+    # on_device: no device switch (microseconds a call) when the tensors live on the
+    # current device; torch's device guard when they live on another.
+    import contextlib
+
+    from flash4.interface import on_device
+
+    switched = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: switched.append(device) or contextlib.nullcontext())
+    with on_device(torch.device("cuda", 0)):
+        pass
+    assert switched == []
+    with on_device(torch.device("cuda", 1)):
+        pass
+    assert switched == [torch.device("cuda", 1)]
