@@ -52,8 +52,14 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
-# what was not taken: flash4/dispatch.py.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# what was not taken: flash4/dispatch.py. Candidates (all compile clean): a third K/V stage
+# at head dims 64 and 128 (their FP8 rows use 69 and 121 of the 227 KiB of shared memory),
+# and 64-key blocks at 128, where cuDNN leads at 1k (738 against 692 TFLOP/s).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(kv_stages=3)],
+    128: [dict(), dict(kv_stages=3), dict(tile_n=64)],
+    256: [dict()],
+}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
