@@ -30,12 +30,13 @@ from flash4.interface import LOG2_E, device_sms
 # O's rescale skipped at head dims 64 and 128. Candidates: one tile per CTA, longest first
 # per head and across L2 groups of heads (the causal rows at 64 and 128 are persistent
 # pairs, which a model of the dispatch puts 4-5% below the group order at 8k/16k); the
-# epilogue's O barrier as a sync of the storing warp only (epilogue_arrive).
+# epilogue's O barrier as a sync of the storing warp only (epilogue_arrive); at head dim
+# 64 a third K/V stage (145 of the 227 KiB of shared memory; compiles clean).
 _ONE_TILE_ORDERS: list[dict[str, Any]] = [
     dict(), dict(persistent=False), dict(persistent=False, l2_head_groups=True), dict(epilogue_arrive=True)
 ]
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: _ONE_TILE_ORDERS, 128: _ONE_TILE_ORDERS, 256: [dict(), dict(epilogue_arrive=True)]
+    64: [*_ONE_TILE_ORDERS, dict(kv_stages=3)], 128: _ONE_TILE_ORDERS, 256: [dict(), dict(epilogue_arrive=True)]
 }
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
