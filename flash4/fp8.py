@@ -81,7 +81,10 @@ def flash_attn_fp8(
         raise NotImplementedError(
             "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
         )
-    blocks = fp8_blocks(problem.head_dim, causal, problem.seqlen_q)
+    # The device's kernel for the problem before any launch: its tiles are the blocks, and a
+    # GPU without FP8 kernels is refused before anything is quantized.
+    entry = select_fp8(device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True)
+    blocks = Fp8Blocks(entry.config.tile_m, entry.config.tile_n)
     return flash_attn_fp8_quantized(
         quantize_fp8(q, blocks.q, hadamard),
         quantize_fp8(k, blocks.kv, hadamard),

@@ -265,3 +265,22 @@ def test_flash_attn_func_takes_e4m3_inputs_with_descales():
     with pytest.raises(ValueError, match=r"CUDA"):
         flash4.flash_attn_func(q.values, k.values, v.values, q_descale=q.descale, k_descale=k.descale,
                                v_descale=quantize_fp8(torch.randn(1, 12, 2, 64), None).descale)
+
+
+def test_flash_attn_fp8_refuses_a_gpu_without_fp8_kernels_before_quantizing(monkeypatch):
+    # On a GPU whose architecture has no FP8 rows, the selector's error comes before any
+    # quantization kernel runs (CPU tensors, with the device checks and queries mocked).
+    import flash4.checks
+    import flash4.fp8 as fp8
+
+    x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    problem = flash4.checks.describe_attention(x, x, x, None, False)
+    monkeypatch.setattr(flash4.checks, "check_attention_args", lambda *args: problem)
+    monkeypatch.setattr(fp8, "device_arch", lambda index: "sm_100a")
+
+    def quantize(*args, **kwargs):
+        raise AssertionError("quantized before the architecture was checked")
+
+    monkeypatch.setattr(fp8, "quantize_fp8", quantize)
+    with pytest.raises(dispatch.UnsupportedProblemError, match="sm_100a"):
+        fp8.flash_attn_fp8(x, x, x)
