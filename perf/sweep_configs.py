@@ -9,12 +9,19 @@ decides nothing below that. Each candidate's largest distance to torch SDPA's ou
 for the backward) is printed beside its time: a fast wrong kernel is no candidate.
 
     python perf/sweep_configs.py [--pass bwd] [--hdim 128] [--seqlen 2048 8192] [--rounds 5]
+                                 [--out perf/results/h200/DATE-sweep.json]
+
+With ``--out``, the records (each candidate's rounds and distance, the versions, the
+command) go to that JSON after every shape, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -167,8 +174,13 @@ def main() -> None:
     parser.add_argument("--causal", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fp8"), default="fwd")
+    parser.add_argument("--out", type=Path, default=None, help="JSON of the records, written after every shape")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
+    payload = {
+        **bench.environment(), "mode": "sweep", "command": shlex.join(["python3", *sys.argv]),
+        "timer": timer.description, "rounds": args.rounds, "records": [],
+    }
     causal_modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
     backward = args.pass_ == "bwd"
     for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes, passes=(args.pass_,)):
@@ -212,6 +224,9 @@ def main() -> None:
         print(f"{args.pass_} d{shape.head_dim} {'causal' if shape.causal else 'full'} s{shape.seqlen}: "
               + " | ".join(cells),
               flush=True)
+        if args.out is not None:
+            payload["records"].append({**dataclasses.asdict(record), "diffs": dict(diffs)})
+            bench.write_json(args.out, payload, quiet=True)
         torch.cuda.empty_cache()
 
 
