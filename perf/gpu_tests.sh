@@ -16,9 +16,9 @@ start=$SECONDS
 
 # name, limit in seconds, pytest arguments
 segments=(
-  "fwd|300|tests/test_fwd_gpu.py"
-  "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256"
-  "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256"
+  "fwd|300|tests/test_fwd_gpu.py -k not candidate"
+  "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256 and not candidate"
+  "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256 and not candidate"
   "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
