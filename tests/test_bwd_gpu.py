@@ -132,10 +132,13 @@ def test_dq_swap_ab_candidate_matches_reference(causal, seqlen_q, seqlen_k, head
 @pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 1)), ids=("mha", "mqa"))
 def test_pdl_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
     # The sweep candidate whose main kernel may start while the preprocess still runs: its
-    # LSE, D and zeroed dQ accumulator must be waited for (fresh NaN-poisoned buffers each
-    # call would show a read that came early), twice in a row so the second call's
-    # preprocess follows the first's postprocess; deterministic runs give the same bits.
+    # LSE, D and zeroed dQ accumulator must be waited for. The allocator is poisoned before
+    # each call, so those buffers start as NaN and a read that came early shows in the
+    # gradients; three calls in a row, each preprocess right after the previous call's
+    # postprocess; deterministic runs give the same bits.
     import dataclasses
+
+    from gpu_helpers import poison_allocator
 
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
@@ -150,6 +153,7 @@ def test_pdl_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, h
             backward_config(head_dim, causal, grouped=heads != kv_heads, deterministic=deterministic), pdl=True
         )
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        poison_allocator()
         runs.append(attention_backward(
             q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=deterministic, config=config
         ))
