@@ -131,9 +131,9 @@ class QuantizeFp8Rows:
             xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
             for x, turn in zip(xs, turns):
                 index = turn * ROW_THREADS + tidx
-                if first_row + index // self.vectors_per_row < end_row:
-                    self._load_into(x, mX, first_row + index // self.vectors_per_row, index % self.vectors_per_row,
-                                    head, batch)
+                row = first_row + index // self.vectors_per_row
+                if row < end_row:
+                    self._load_into(x, mX, row, index % self.vectors_per_row, head, batch)
             for x, turn in zip(xs, turns):
                 index = turn * ROW_THREADS + tidx
                 row = first_row + index // self.vectors_per_row
