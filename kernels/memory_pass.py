@@ -19,6 +19,15 @@ LOAD_BYTES = 16
 LOADS_IN_FLIGHT = 8
 
 
+def row_vector(dtype_bits: int, head_dim: int) -> int:
+    """Elements of ``dtype_bits`` bits per 16-byte load, checked to tile a row of
+    ``head_dim`` elements."""
+    vector = LOAD_BYTES * 8 // dtype_bits
+    if head_dim % vector:
+        raise ValueError(f"head_dim={head_dim} must be a multiple of {vector} for 16-byte loads")
+    return vector
+
+
 def load_batches(turns: int) -> Iterator[range]:
     """The turns ``0 .. turns - 1`` in consecutive batches of at most LOADS_IN_FLIGHT."""
     for first in range(0, turns, LOADS_IN_FLIGHT):

@@ -33,7 +33,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
-from .memory_pass import LOAD_BYTES, LOADS_IN_FLIGHT, load_batches
+from .memory_pass import LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
 from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
@@ -69,9 +69,7 @@ class QuantizeFp8Rows:
         self.dtype = dtype
         self.block_rows = block_rows
         self.per_tensor = per_tensor
-        self.vector = LOAD_BYTES * 8 // dtype.width
-        if head_dim % self.vector:
-            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vector = row_vector(dtype.width, head_dim)
         self.vectors_per_row = head_dim // self.vector
         # The block's vectors, dealt out to the threads in turn (consecutive threads read
         # consecutive 16 bytes of a row).
@@ -161,9 +159,7 @@ class QuantizeFp8TransposedV:
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
         self.head_dim = head_dim
         self.dtype = dtype
-        self.vector = LOAD_BYTES * 8 // dtype.width
-        if head_dim % self.vector:
-            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vector = row_vector(dtype.width, head_dim)
 
     @cute.jit
     def __call__(

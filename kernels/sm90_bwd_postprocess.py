@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
-from .memory_pass import LOAD_BYTES, load_batches
+from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
@@ -39,9 +39,7 @@ class Sm90BackwardPostprocess:
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
         self.head_dim = head_dim
         self.dtype = dtype
-        self.vector = LOAD_BYTES * 8 // Float32.width
-        if head_dim % self.vector:
-            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vector = row_vector(Float32.width, head_dim)
         self.vectors_per_row = head_dim // self.vector
         self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
 

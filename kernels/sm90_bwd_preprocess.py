@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
-from .memory_pass import LOAD_BYTES
+from .memory_pass import LOAD_BYTES, row_vector
 from .wgmma import rows_first
 
 # fp32 values per 16-byte store.
@@ -47,9 +47,7 @@ class Sm90BackwardPreprocess:
         self.signals_dependents = signals_dependents
         self.dtype = dtype
         self.block_rows = block_rows
-        self.vector = LOAD_BYTES * 8 // dtype.width
-        if head_dim % self.vector:
-            raise ValueError(f"head_dim={head_dim} must be a multiple of {self.vector} for 16-byte loads")
+        self.vector = row_vector(dtype.width, head_dim)
         # Lanes that share one row; a power of two up to a warp, so their shuffles stay
         # inside one warp.
         self.lanes_per_row = head_dim // self.vector
