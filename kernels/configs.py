@@ -18,6 +18,9 @@ SM90_SMEM_BYTES = 227 * 1024
 BARRIER_BYTES = 1024
 # Accumulators, LSE and D are fp32.
 FP32_BYTES = 4
+# A TMA tile copy's shared-memory side starts on 128 bytes: every stage of a ring, the
+# backward's per-row LSE and D rings included.
+TMA_SMEM_ALIGN_BYTES = 128
 # An FP8 wgmma's k-step: 32 one-byte elements, one 32-byte row of its operand core matrix.
 FP8_MMA_K = 32
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
@@ -172,11 +175,17 @@ class Sm90BackwardConfig:
     def consumer_warpgroups(self) -> int:
         return BACKWARD_CONSUMER_WARPGROUPS
 
+    @property
+    def row_stage_bytes(self) -> int:
+        """One stage of the LSE or D ring: tile_m fp32 values, padded to a TMA alignment
+        (80 rows take 384 bytes, not 320)."""
+        return -(-self.tile_m * FP32_BYTES // TMA_SMEM_ALIGN_BYTES) * TMA_SMEM_ALIGN_BYTES
+
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         """K and V, the Q and dO rings with their rows' fp32 LSE and D, dSᵀ (and Pᵀ when
         the head dim is split; keys x queries), the fp32 dQ tile, plus barriers."""
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
-        rings = (self.q_stages + self.do_stages) * self.tile_m * (self.head_dim * elem_bytes + FP32_BYTES)
+        rings = (self.q_stages + self.do_stages) * (self.tile_m * self.head_dim * elem_bytes + self.row_stage_bytes)
         ds = (2 if self.head_dim_split else 1) * BACKWARD_DS_STAGES * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES

@@ -56,16 +56,15 @@ from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import BACKWARD_DS_STAGES, ROWS_PER_CONSUMER_WARPGROUP, Sm90BackwardConfig
+from .configs import (
+    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig,
+)
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import (
     SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, unswizzled_tile_layout, warpgroup_gemm,
 )
 
-# A TMA copy's shared-memory side starts on 128 bytes (16 is the minimum; 128 also keeps a
-# row tile's 32 banks in order).
-ROW_TILE_ALIGN_BYTES = 128
 # The producer warpgroup's warp that issues dQ's TMA reductions (warp 0 loads), so the
 # consumers hand a written dQ part over and go on instead of waiting for the TMA engine's
 # read (H200 sweep: +1-7%, d256 full 16k 401 -> 431 TFLOP/s). A whole warp: the
@@ -326,7 +325,8 @@ class Sm90BackwardKernel:
             return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], SMEM_ALIGN_BYTES]
 
         def rows(stages: int):
-            return cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * stages], ROW_TILE_ALIGN_BYTES]
+            floats = self.config.row_stage_bytes // FP32_BYTES * stages
+            return cute.struct.Align[cute.struct.MemRange[Float32, floats], TMA_SMEM_ALIGN_BYTES]
 
         fields = {
             "kv_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(1)],
@@ -345,6 +345,10 @@ class Sm90BackwardKernel:
             # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
             fields["sP"] = buffer(sdS_layout)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def row_ring_layout(self, stages: int) -> cute.Layout:
+        """An LSE or D ring: ``stages`` of ``tile_m`` values, each stage TMA-aligned."""
+        return cute.make_layout((self.tile_m, stages), stride=(1, self.config.row_stage_bytes // FP32_BYTES))
 
     # ---------------------------------------------------------------- device side
     @cute.kernel
@@ -397,8 +401,8 @@ class Sm90BackwardKernel:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.config.q_stages)))
-        sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.config.do_stages)))
+        sLSE = storage.sLSE.get_tensor(self.row_ring_layout(self.config.q_stages))
+        sD = storage.sD.get_tensor(self.row_ring_layout(self.config.do_stages))
         finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
