@@ -102,8 +102,7 @@ def attention_backward(
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
-    # The preprocess right before the main kernel: with config.pdl the two overlap.
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m, signals_dependents=config.pdl)(
+    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(
         out, dout, lse, delta, lse_log2, dq_accum
     )
     compiled_backward(config, problem.dtype)(

@@ -182,19 +182,18 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
 
 
 def compile_backward_preprocess(
-    dtype_name: str, head_dim: int, block_rows: int, *options: str, signals_dependents: bool = False
+    dtype_name: str, head_dim: int, block_rows: int, *options: str
 ) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
     query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum)`` with torch
     tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum`` (batch,
     heads, padded seqlen_q * head_dim) are float32, padded to whole blocks of ``block_rows``.
-    ``signals_dependents``: the main kernel, launched after it with PDL, may start early.
     """
     import cutlass.cute as cute
 
     from flash4.kernels.sm90_bwd_preprocess import Sm90BackwardPreprocess
 
-    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows, signals_dependents)
+    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows)
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(kernel, *_backward_preprocess_arguments(dtype_name, head_dim), options=flags)
 

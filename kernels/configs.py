@@ -57,17 +57,6 @@ class Sm90ForwardConfig:
     # head dim 128. Exact: a skipped factor is exactly 1. The FP8 rows and head dim
     # 256 take it (flash4/dispatch.py has the sweeps).
     rescale_when_needed: bool = False
-    # Causal, one tile per CTA: the longest tiles first across all heads whose K and V fit
-    # in L2 together, not one head at a time (pipelines/tile_scheduler.py). At head dim 256
-    # it measured within 2% of per-head order (2026-11-29); a model of the dispatch puts the
-    # persistent pairs of head dim 64 at 93-94% of the SMs' time at 8k/16k against 97-98%
-    # for this order. [Sweep candidate, not yet run on a GPU at head dims 64 and 128.]
-    l2_head_groups: bool = False
-    # The epilogue's second barrier (O written to shared memory) as a sync of the storing
-    # warp only: the other consumer warps arrive and go on to the next tile instead of
-    # waiting for every warp's stmatrix (flash-attn-4 does so). [Sweep candidate, not yet
-    # run on a GPU.]
-    epilogue_arrive: bool = False
     # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
     # P's scale is the constant 448 and V's descale multiplies O once, so each key block
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
@@ -110,8 +99,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
-        if self.l2_head_groups and (self.persistent or not self.causal):
-            raise ValueError("l2_head_groups=True: only causal with persistent=False (one tile per CTA)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:
@@ -157,19 +144,6 @@ class Sm90BackwardConfig:
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
     # dQ computed transposed, dQᵀ = Kᵀ dSᵀ: M = head_dim (each warpgroup its 64 columns),
-    # N = the query block, so tile_m need not be a multiple of 64. With 80 query rows at
-    # head dim 128 (flash-attn-4's non-causal choice) every wgmma of a query block is 25%
-    # wider than at 64 rows, reading 7.5% fewer shared-memory operand bytes per row, and the
-    # block's barriers and waits are shared by 25% more rows. [Sweep candidate, not yet run
-    # on a GPU.]
-    dq_swap_ab: bool = False
-    # Programmatic dependent launch: the preprocess lets the main kernel launch as its own
-    # CTAs start, and the main kernel's producer loads K and V before it waits for the
-    # preprocess's LSE and D (its store warp waits before the first dQ reduction into the
-    # accumulator the preprocess zeroes), hiding a launch and a CTA prologue per call, as
-    # flash-attn-4 does (a few percent of a call at seqlen 512). [Sweep candidate, not yet
-    # run on a GPU.]
-    pdl: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -213,15 +187,7 @@ class Sm90BackwardConfig:
                 f"dq_rows=True: each warpgroup takes 64 query rows, so tile_m={rows_per_split} "
                 f"(got {self.tile_m}) and no head_dim_split"
             )
-        dq_columns = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS
-        if self.dq_swap_ab and (self.head_dim_split or self.dq_rows or self.head_dim != dq_columns):
-            raise ValueError(
-                f"dq_swap_ab=True: each warpgroup takes 64 of dQ's columns, so head_dim={dq_columns} "
-                f"(got {self.head_dim}), no head_dim_split, no dq_rows"
-            )
-        if not (self.dq_swap_ab or self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
-            raise ValueError(
-                f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64 (or dq_swap_ab)"
-            )
+        if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
+            raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -62,7 +62,7 @@ from .configs import (
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import (
-    SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, unswizzled_tile_layout, warpgroup_gemm,
+    SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
 )
 
 # The producer warpgroup's warp that issues dQ's TMA reductions (warp 0 loads), so the
@@ -257,10 +257,6 @@ class Sm90BackwardKernel:
         dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
         if cutlass.const_expr(self.config.dq_rows):
             dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.head_dim)
-        if cutlass.const_expr(self.config.dq_swap_ab):
-            # dQᵀ: M = head_dim (64 columns per warpgroup), N = queries, K = keys; K read as
-            # (head_dim, keys) and dS as (queries, keys), the same views in the other roles.
-            dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.tile_m)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
@@ -274,11 +270,6 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(self.config.dq_rows):
             dq_part = (self.tile_m // wgs, self.head_dim)
         sdQ_layout = smem_tile_layout(Float32, *dq_part, wgs)
-        if cutlass.const_expr(self.config.dq_swap_ab):
-            # dQᵀ is written one fp32 at a time down the tile's columns: with the 128-byte
-            # swizzle each address took registers enough to spill 52 bytes in the loop
-            # (12 without it), for 4-way bank conflicts instead of none.
-            sdQ_layout = unswizzled_tile_layout(*dq_part, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -317,7 +308,6 @@ class Sm90BackwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
-            use_pdl=self.config.pdl,
         )
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
@@ -445,9 +435,6 @@ class Sm90BackwardKernel:
         gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
         self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
-        if cutlass.const_expr(self.config.pdl):
-            # LSE·log2(e) and D come from the preprocess, which may still run.
-            cute.arch.griddepcontrol_wait()
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
@@ -538,12 +525,10 @@ class Sm90BackwardKernel:
             tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO)),
             tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
             tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
-            tdQrdS=(wg_dq.make_fragment_B(wg_dq.partition_B(sdSt)) if self.config.dq_swap_ab
-                    else wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))),
-            tdQrK=(wg_dq.make_fragment_A(wg_dq.partition_A(sKt)) if self.config.dq_swap_ab
-                   else wg_dq.make_fragment_B(wg_dq.partition_B(sKt))),
+            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
+            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
-            dq_shape=wg_dq.partition_shape_C((d, tile_m) if self.config.dq_swap_ab else (tile_m, d)),
+            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
@@ -554,13 +539,9 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent fp32 columns as one 8-byte store; transposed (dq_swap_ab) a
-            # pair is two queries, two rows of the tile, stored one by one.
+            # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
-                cute.make_copy_atom(
-                    cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=32 if self.config.dq_swap_ab else 64
-                ),
-                tiled_mma_dq,
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )
@@ -651,7 +632,7 @@ class Sm90BackwardKernel:
                 ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
                 False,
             )
-            self.dq_gemm(ops, acc_dq, ds_stage)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup.wait_group(2)
             q_ring.consumer_release(q_state)
             warpgroup.wait_group(1)
@@ -661,9 +642,7 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            if cutlass.const_expr(self.config.dq_swap_ab):
-                warpgroup.wait_group(0)  # dV done: Pᵀ's registers free for dQᵀ's
-            self.dq_gemm(ops, acc_dq, ds_stage)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
@@ -672,15 +651,6 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
-
-    @cute.jit
-    def dq_gemm(self, ops: BackwardOperands, acc_dq: cute.Tensor, ds_stage: Int32):
-        """dQ = dS K into ``acc_dq`` (or, dq_swap_ab, dQᵀ = Kᵀ dSᵀ)."""
-        ds = ops.tdQrdS[None, None, None, ds_stage]
-        if cutlass.const_expr(self.config.dq_swap_ab):
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrK, ds, True)
-        else:
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ds, ops.tdQrK, True)
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):
@@ -697,9 +667,6 @@ class Sm90BackwardKernel:
             tile = cute.composition(
                 sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
             )
-        if cutlass.const_expr(self.config.dq_swap_ab):
-            # The accumulator is dQᵀ: (head_dim, queries) over the same tile.
-            tile = cute.composition(tile, cute.make_layout((self.head_dim, self.tile_m), stride=(self.tile_m, 1)))
         cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit
@@ -749,9 +716,6 @@ class Sm90BackwardKernel:
         block's parts are free from the start; after the last, nothing waits for them, so
         the last read is awaited only for shared memory to outlive it."""
         parts = self.config.consumer_warpgroups
-        if cutlass.const_expr(self.config.pdl):
-            # The accumulator is zeroed by the preprocess, which may still run.
-            cute.arch.griddepcontrol_wait()
         if m_begin < m_end:
             for part in cutlass.range_constexpr(parts):
                 cute.arch.barrier_arrive(

@@ -40,11 +40,8 @@ THREADS = 4 * THREADS_PER_WARP
 class Sm90BackwardPreprocess:
     """The preprocess for one head dim, dtype and query block size (the main kernel's)."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, signals_dependents: bool = False):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int):
         self.head_dim = head_dim
-        # Programmatic dependent launch (Sm90BackwardConfig.pdl): the main kernel may launch
-        # once every CTA of this grid has started.
-        self.signals_dependents = signals_dependents
         self.dtype = dtype
         self.block_rows = block_rows
         self.vector = row_vector(dtype.width, head_dim)
@@ -86,8 +83,6 @@ class Sm90BackwardPreprocess:
         mLSELog2: cute.Tensor,
         mdQAccum: cute.Tensor,
     ):
-        if cutlass.const_expr(self.signals_dependents):
-            cute.arch.griddepcontrol_launch_dependents()
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
         lane_in_row = tidx % self.lanes_per_row

@@ -214,7 +214,7 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        grid = self.scheduler(mQ, mK).grid(max_ctas)
+        grid = self.scheduler(mQ).grid(max_ctas)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -250,12 +250,8 @@ class Sm90ForwardKernel:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-    def scheduler(self, mQ: cute.Tensor, mK: cute.Tensor) -> TileScheduler:
-        """Tiles of ``mQ``, viewed like ``mK`` as (seqlen, head_dim, heads, batch)."""
-        heads_per_l2_group = None
-        if cutlass.const_expr(self.config.l2_head_groups):
-            kv_row_bytes = 2 * self.head_dim * self.dtype.width // 8
-            heads_per_l2_group = TileScheduler.heads_fitting_l2(cute.size(mK.shape[0]), kv_row_bytes)
+    def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
+        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
         return TileScheduler(
             cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
             cute.size(mQ.shape[2]),
@@ -263,7 +259,6 @@ class Sm90ForwardKernel:
             persistent=self.config.persistent,
             causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
-            heads_per_l2_group=heads_per_l2_group,
         )
 
     # ---------------------------------------------------------------- device side
@@ -318,7 +313,7 @@ class Sm90ForwardKernel:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         finish_init()
 
-        scheduler = self.scheduler(mQ, mK)
+        scheduler = self.scheduler(mQ)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
@@ -673,17 +668,7 @@ class Sm90ForwardKernel:
         # The TMA engine reads sO through the async proxy: make the generic-proxy writes
         # above visible to it, then wait for every consumer thread's part.
         cute.arch.fence_view_async_shared()
-        if cutlass.const_expr(self.config.epilogue_arrive):
-            # Only the storing warp waits; the others go on to their next tile, whose O they
-            # write only after the storing warp has passed here (sO's reuse waits on
-            # EPILOGUE, Q's on the store it issues).
-            written = int(NamedBarrier.EPILOGUE_O_WRITTEN)
-            if cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP) == 0:
-                cute.arch.barrier(barrier_id=written, number_of_threads=self.consumer_threads)
-            else:
-                cute.arch.barrier_arrive(barrier_id=written, number_of_threads=self.consumer_threads)
-        else:
-            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
             o_tile = (self.tile_m, self.head_dim)
             tOsO, tOgO = tma_tile(tma_atom_O, sO, mO[None, None, tile.head, tile.batch], o_tile, tile.m_block)

@@ -27,15 +27,6 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
 
-def unswizzled_tile_layout(rows: int, cols: int, stages: int):
-    """A staged (rows, cols) row-major tile without a swizzle, as a composed layout like
-    ``smem_tile_layout``'s (identity swizzle): for tiles written element by element at
-    addresses that the swizzle's XOR would make a register each."""
-    return cute.make_composed_layout(
-        cute.make_swizzle(0, 4, 3), 0, cute.make_layout((rows, cols, stages), stride=(cols, 1, rows * cols))
-    )
-
-
 def rows_first(t: cute.Tensor) -> cute.Tensor:
     """A (batch, seqlen, heads, head_dim) tensor viewed as (seqlen, head_dim, heads, batch),
     and a (batch, heads, seqlen) one as (seqlen, heads, batch): the tiled modes first, as

@@ -23,8 +23,6 @@ segments=(
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
   "fp8|300|tests/test_fp8_gpu.py"
-  "fwdcandidates|200|tests/test_fwd_gpu.py -k l2_head_group or epilogue_arrive"
-  "bwdcandidates|300|tests/test_bwd_gpu.py -k swap_ab_candidate or pdl_candidate"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
 )
 

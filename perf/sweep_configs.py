@@ -32,42 +32,29 @@ from flash4.dispatch import KernelEntry, select
 from flash4.interface import LOG2_E, device_sms
 
 # Each list: the selector's row ({}) and changes to it; a change that does not apply to a
-# shape (l2_head_groups without the causal mask) is left out there. Tried on the H200 and
-# not taken (2026-11-29, see flash4/dispatch.py): 176- and 192-key blocks at head dim 128,
-# O's rescale skipped at head dims 64 and 128. Candidates: one tile per CTA, longest first
-# per head and across L2 groups of heads (the causal rows at 64 and 128 are persistent
-# pairs, which a model of the dispatch puts 4-5% below the group order at 8k/16k); the
-# epilogue's O barrier as a sync of the storing warp only (epilogue_arrive); at head dim
-# 64 a third K/V stage (145 of the 227 KiB of shared memory; compiles clean).
-_ONE_TILE_ORDERS: list[dict[str, Any]] = [
-    dict(), dict(persistent=False), dict(persistent=False, l2_head_groups=True), dict(epilogue_arrive=True)
-]
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [*_ONE_TILE_ORDERS, dict(kv_stages=3)], 128: _ONE_TILE_ORDERS, 256: [dict(), dict(epilogue_arrive=True)]
-}
+# shape is left out there. Add a candidate here with its GPU test, run the sweep, keep the
+# winner as the row and delete the rest. Tried on the H200 and not taken (2026-11-29, 1k
+# and 16k, 2-3 rounds; perf/results/h200/2026-11-29-fwd-sweep-candidates3.json and
+# -fwd-d128-epilogue-arrive.json): 176- and 192-key blocks at head dim 128, O's rescale
+# skipped at 64 and 128, one tile per CTA (lost 10-20% at 1k causal), the causal one-tile
+# order across L2 groups of heads (as one tile per CTA), the epilogue's O barrier as a sync
+# of the storing warp only (within noise, -2% at head dim 256), a third K/V stage at 64.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
-# and dO stages (lost 2-6% at 16k). (Deterministic cost 0.59-0.74x; the README has it.)
-# Candidates: dQ transposed on 80-row query blocks at head dim 128 (flash-attn-4's
-# non-causal choice; three values spilled before the loops, reloaded in them);
-# programmatic dependent launch of the main kernel after the preprocess (pdl).
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(pdl=True)],
-    128: [dict(), dict(tile_m=80, dq_swap_ab=True), dict(pdl=True), dict(tile_m=80, dq_swap_ab=True, pdl=True)],
-    256: [dict(), dict(pdl=True)],
-}
+# and dO stages (lost 2-6% at 16k), dQ transposed on 80-row query blocks at head dim 128
+# (flash-attn-4's non-causal choice; lost 6-13%, -bwd-d128-swap-ab.json), programmatic
+# dependent launch after the preprocess (+1% at 512, -9% to +8% at 16k in rounds that
+# spread as wide; -bwd-sweep-pdl.json). (Deterministic cost 0.59-0.74x; the README has it.)
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
-# what was not taken: flash4/dispatch.py. Candidates (all compile clean): a third K/V stage
-# at head dims 64 and 128 (their FP8 rows use 69 and 121 of the 227 KiB of shared memory),
-# and 64-key blocks at 128, where cuDNN leads at 1k (738 against 692 TFLOP/s).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(kv_stages=3)],
-    128: [dict(), dict(kv_stages=3), dict(tile_n=64)],
-    256: [dict()],
-}
+# what was not taken: flash4/dispatch.py; since then (-fp8-sweep-candidates3.json) a third
+# K/V stage at head dims 64 and 128 (within 1% at 64, -5% at 128 16k) and 64-key blocks at
+# 128 (-15%).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

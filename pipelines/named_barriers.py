@@ -28,11 +28,6 @@ class NamedBarrier(enum.IntEnum):
     # engine has read it). 128 + 32 threads each; 6, 7 and 8, 9.
     DQ_FULL_0 = 6
     DQ_EMPTY_0 = 8
-    # Forward with an arrive-only epilogue: the consumer warps arrive once their part of O
-    # is in shared memory, the storing warp syncs. Apart from EPILOGUE (which guards sO's
-    # reuse) so that an early arrival can only ever count toward its own tile: a warp
-    # reaches its next tile's O only after the storing warp has passed this one.
-    EPILOGUE_O_WRITTEN = 10
 
 
 class WarpgroupPingPong:

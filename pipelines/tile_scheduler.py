@@ -14,11 +14,7 @@ position names one tile.
   tiles differ in length up to num_m-fold, and a static split of them left SMs idle.
 
 With ``longest_first`` (causal, one tile per CTA), query blocks are launched from the last
-to the first: the longest tiles start first and the short ones fill the tail. Per head, or
-(``heads_per_l2_group`` > 1) across groups of heads whose K and V fit in L2 together: the
-grid is then one-dimensional, the last query block of every head of the group, then the
-one before, and so on; the GPU hands out CTAs in that order as SMs free up (greedy
-longest-processing-time over all the group's tiles, not one head's).
+to the first: the longest tiles start first and the short ones fill the tail.
 """
 
 from __future__ import annotations
@@ -26,10 +22,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
-
-# K and V bytes the L2 is asked to hold for one group of heads: H100 and H200 have 50 MB
-# of L2; a fifth is left to the Q and O streams and everything else.
-L2_BYTES_FOR_KV = 40 * 1024 * 1024
 
 
 class TileScheduler:
@@ -41,7 +33,6 @@ class TileScheduler:
         persistent: bool,
         causal_pairs: bool,
         longest_first: bool,
-        heads_per_l2_group: Int32 | None = None,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
@@ -51,29 +42,16 @@ class TileScheduler:
         self.persistent = persistent
         self.causal_pairs = causal_pairs
         self.longest_first = longest_first
-        # None: longest first per head (a three-dimensional grid).
-        self.heads_per_l2_group = heads_per_l2_group
-        if heads_per_l2_group is not None and (persistent or not longest_first):
-            raise ValueError("L2 head groups order the tiles of a causal one-tile-per-CTA grid")
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
-    # carry it through the loop as run-time values (its sizes).
+    # carry it through the loop as run-time values (its three sizes).
     def __extract_mlir_values__(self) -> list:
-        sizes = (self.num_m_blocks, self.heads, self.batch)
-        if self.heads_per_l2_group is not None:
-            sizes += (self.heads_per_l2_group,)
-        return [Int32(x).ir_value() for x in sizes]
+        return [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        m, heads, batch, *group = (Int32(v) for v in values)
         return TileScheduler(
-            m, heads, batch, self.persistent, self.causal_pairs, self.longest_first, group[0] if group else None
+            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first
         )
-
-    @staticmethod
-    def heads_fitting_l2(seqlen_k: Int32, kv_row_bytes: int) -> Int32:
-        """How many heads' K and V (``kv_row_bytes`` per key) fit in L2 together, at least 1."""
-        return cutlass.max((L2_BYTES_FOR_KV // kv_row_bytes) // seqlen_k, 1)
 
     def pairs_per_head(self) -> Int32:
         return (self.num_m_blocks + 1) // 2
@@ -93,8 +71,6 @@ class TileScheduler:
     def grid(self, max_ctas: Int32) -> tuple:
         if self.persistent:
             return (cutlass.min(self.work_units(), max_ctas), 1, 1)
-        if self.heads_per_l2_group is not None:
-            return (self.work_units(), 1, 1)
         return (self.num_m_blocks, self.heads, self.batch)
 
     @cute.jit
@@ -104,7 +80,7 @@ class TileScheduler:
         position = bx
         if cutlass.const_expr(self.causal_pairs):
             position = 2 * bx
-        if cutlass.const_expr(not self.persistent and self.heads_per_l2_group is None):
+        if cutlass.const_expr(not self.persistent):
             position = bx + self.num_m_blocks * (by + self.heads * bz)
         return position
 
@@ -147,18 +123,6 @@ class TileScheduler:
             # The long tile first, then its short mate.
             if position % 2 == 0:
                 m_block = self.num_m_blocks - 1 - m_block
-        elif cutlass.const_expr(self.heads_per_l2_group is not None):
-            # Within a group of heads: query blocks from the last, every head of the group
-            # at each; the last group may hold fewer heads.
-            group_tiles = self.num_m_blocks * self.heads_per_l2_group
-            group = position // group_tiles
-            first_head = group * self.heads_per_l2_group
-            in_group = cutlass.min(self.heads_per_l2_group, self.heads * self.batch - first_head)
-            rank = position - group * group_tiles
-            m_block = self.num_m_blocks - 1 - rank // in_group
-            head_and_batch = first_head + rank % in_group
-            head = head_and_batch % self.heads
-            batch = head_and_batch // self.heads
         elif cutlass.const_expr(self.longest_first):
             m_block = self.num_m_blocks - 1 - m_block
         return m_block, head, batch

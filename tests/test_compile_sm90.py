@@ -4,7 +4,6 @@ the instructions the design depends on (TMA, wgmma, setmaxnreg, mbarrier)."""
 from __future__ import annotations
 
 import re
-import tempfile
 
 import pytest
 
@@ -200,24 +199,6 @@ def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
     assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_dq_swap_ab_candidate_builds_80_row_blocks_without_serialised_wgmmas(causal):
-    # The backward candidate at head dim 128: dQᵀ's wgmmas take the head dim as M (one
-    # 64-column part per warpgroup) and 80 queries as N; ptxas pipelines every wgmma (it
-    # serialised them while dQᵀ's GEMM overlapped the dV GEMM, so it waits for dV now).
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    config = dataclasses.replace(backward_config(128, causal), tile_m=80, dq_swap_ab=True)
-    report = compile_backward_report(config)
-    assert report.serialized_wgmma == 0
-    # S and dP (8 k-slices each), dV and dK (5 each), dQ (8): per loop, masked and not.
-    assert report.ptx.count("wgmma.mma_async") == 2 * (8 + 8 + 5 + 5 + 8)
-    assert "n80" in report.ptx
-
-
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
@@ -252,29 +233,3 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         if line.startswith(("ld.global.v4", "st.global"))
     )
     assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
-
-
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_pdl_candidate_waits_for_the_preprocess_where_it_reads_its_outputs(head_dim):
-    # The backward candidate with programmatic dependent launch: the preprocess signals
-    # once per CTA, and the main kernel waits twice, in the producer (before LSE and D) and
-    # in the dQ store warp (before reducing into the zeroed accumulator); nothing else
-    # changes, nothing spills.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_preprocess, compile_backward_report
-
-    config = dataclasses.replace(backward_config(head_dim, True), pdl=True)
-    report = compile_backward_report(config)
-    assert report.ptx.count("griddepcontrol.wait") == 2
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    base = compile_backward_report(backward_config(head_dim, True))
-    assert "griddepcontrol" not in base.ptx
-    assert report.ptx.count("wgmma.mma_async") == base.ptx.count("wgmma.mma_async")
-    with tempfile.TemporaryDirectory() as scratch:
-        pre = compile_backward_preprocess(
-            "bfloat16", head_dim, config.tile_m, "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={scratch}",
-            signals_dependents=True,
-        )
-        assert pre.__ptx__.count("griddepcontrol.launch_dependents") == 1

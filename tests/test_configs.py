@@ -28,8 +28,6 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=72, tile_n=120), "tile_n=120"),
         (dict(head_dim=264, tile_n=64), "head_dim=264"),
         (dict(head_dim=256, tile_n=128), "bytes of shared memory"),
-        (dict(head_dim=64, tile_n=128, l2_head_groups=True), "l2_head_groups=True: only causal"),
-        (dict(head_dim=64, tile_n=128, causal=True, persistent=True, l2_head_groups=True), "l2_head_groups=True"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):
@@ -57,8 +55,7 @@ def test_backward_configs_of_the_selector_fit_and_split_only_head_dim_256():
         (dict(head_dim=256, tile_m=48, tile_n=64, head_dim_split=True), "tile_m=48"),
         (dict(head_dim=128, tile_m=64, q_stages=0), "q_stages=0"),
         (dict(head_dim=128, tile_m=64, dq_rows=True), "dq_rows=True: .*tile_m=128 \\(got 64\\)"),
-        (dict(head_dim=128, tile_m=80), "tile_m=80: .*a multiple of 64 \\(or dq_swap_ab\\)"),
-        (dict(head_dim=64, tile_m=128, dq_swap_ab=True), "dq_swap_ab=True: .*head_dim=128 \\(got 64\\)"),
+        (dict(head_dim=128, tile_m=80), "tile_m=80: .*a multiple of 64"),
         # Head dim 256 with two Q stages: the fp32 dQ tile leaves no room.
         (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True),
          "bytes of shared memory"),

@@ -139,29 +139,6 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (512, 4096), (4096, 4096))
-)
-def test_l2_head_group_order_candidate_matches_reference(head_dim, seqlen_q, seqlen_k):
-    # The sweep candidate's one-dimensional causal grid: at 4096 keys the 4 * 8 heads make
-    # one group at head dim 64 (40 heads' K and V fit the L2 budget), 20 + 12 at 128 and
-    # 10 + 10 + 10 + 2 at 256, so partial last groups and tiles that see no key (seqlen_q >
-    # seqlen_k) are all walked; every row written once, against the reference.
-    _check_config_variant(head_dim, True, seqlen_q, seqlen_k, persistent=False, l2_head_groups=True)
-
-
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (4096, 128)))
-def test_epilogue_arrive_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
-    # The sweep candidate whose consumer warps only arrive once their O is in shared
-    # memory: persistent CTAs (the table's rows at 64 and 128) run several tiles each, short
-    # ones (128 keys, causal first blocks) right after long ones, so an early warp reaches
-    # its next tile while the storing warp may still wait; every row written, right.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, epilogue_arrive=True)
-
-
 def test_shapes_and_scales_never_recompile(monkeypatch):
     from flash4 import compiler, interface
 
