@@ -1,6 +1,9 @@
-"""Run flash4's forward and flash-attn-4's once each on one protocol shape, for a profiler.
+"""Run flash4's forward and flash-attn-4's once each on one protocol shape, for a profiler;
+with ``--pass bwd``, their backward passes (the forward runs once beforehand, outside the
+profiled range).
 
     ncu --clock-control none -k regex:Forward --section SpeedOfLight python perf/profile_once.py --hdim 128 --seqlen 1024
+    ncu --clock-control none -k regex:Backward --section SpeedOfLight python perf/profile_once.py --pass bwd
 
 Each provider is warmed up (compiled) first, so the profiler sees steady-state launches.
 """
@@ -21,17 +24,28 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=1024)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd")
     args = parser.parse_args()
     batch, heads = TOKENS // args.seqlen, HIDDEN // args.hdim
-    q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16)
-               for _ in range(3))
-    providers = {"flash4": lambda: flash4.flash_attn_func(q, k, v, causal=args.causal)}
+    q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=args.which == "bwd") for _ in range(3))
+    forwards = {"flash4": lambda: flash4.flash_attn_func(q, k, v, causal=args.causal)}
     try:
         from flash_attn.cute import flash_attn_func as fa4
 
-        providers["fa4"] = lambda: fa4(q, k, v, causal=args.causal)
+        forwards["fa4"] = lambda: fa4(q, k, v, causal=args.causal)
     except ImportError:
         pass
+    providers = forwards
+    if args.which == "bwd":
+        dout = torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16)
+
+        def backward_of(forward):
+            out = forward()
+            out = out[0] if isinstance(out, tuple) else out
+            return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+        providers = {name: backward_of(forward) for name, forward in forwards.items()}
     for name, run in providers.items():
         for _ in range(3):
             run()
