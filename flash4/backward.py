@@ -114,7 +114,5 @@ def attention_backward(
         dv.copy_(dv_out)
     # A CuTe kernel, not torch's strided mixed-dtype multiply (H200: +13-21% at seqlen 512,
     # where the conversion is a large part of the call).
-    compiled_backward_postprocess(problem.dtype, head_dim)(
-        dq_accum.view(batch, heads, padded, head_dim), dq, problem.softmax_scale
-    )
+    compiled_backward_postprocess(problem.dtype, config.dq_tile_geometry)(dq_accum, dq, problem.softmax_scale)
     return dq, dk, dv

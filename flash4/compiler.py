@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flash4.dispatch import KernelEntry
+from flash4.kernels.configs import DQTileGeometry
 
 # Instructions the Hopper forward kernel's design depends on; the compile-only report and
 # the CPU tests look for each in the PTX.
@@ -201,10 +202,11 @@ def compile_backward_preprocess(
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
-def compile_backward_postprocess(dtype_name: str, head_dim: int, *options: str) -> Any:
+def compile_backward_postprocess(dtype_name: str, geometry: DQTileGeometry, *options: str) -> Any:
     """The backward postprocess (kernels/sm90_bwd_postprocess.py): dQ out of its fp32
     accumulator. Call it as ``fn(dq_accum, dq, softmax_scale)``: dq_accum float32 (batch,
-    heads, padded seqlen_q, head_dim), dq 16-bit (batch, seqlen_q, heads, head_dim)."""
+    heads, padded seqlen_q * head_dim), tiled as ``geometry`` says (the main kernel's
+    ``config.dq_tile_geometry``); dq 16-bit (batch, seqlen_q, heads, head_dim)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -212,11 +214,11 @@ def compile_backward_postprocess(dtype_name: str, head_dim: int, *options: str) 
 
     dtype = _cutlass_dtype(dtype_name)
     batch, seqlen_q, heads, padded = (cute.sym_int() for _ in range(4))
-    accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), DQ_ACCUM_ALIGN_BYTES)
-    dq = _fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), TMA_ALIGN_BYTES)
+    accum = _fake_tensor(cutlass.Float32, (batch, heads, padded), DQ_ACCUM_ALIGN_BYTES)
+    dq = _fake_tensor(dtype, (batch, seqlen_q, heads, geometry.head_dim), TMA_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    kernel = Sm90BackwardPostprocess(head_dim, dtype)
+    kernel = Sm90BackwardPostprocess(geometry, dtype)
     return cute.compile(kernel, accum, dq, cutlass.Float32(1.0), stream, options=flags)
 
 
@@ -332,9 +334,9 @@ def compile_quantize_fp8_transposed_v(dtype_name: str, head_dim: int, *options: 
 compiled_quantize_fp8_transposed_v = functools.lru_cache(maxsize=None)(compile_quantize_fp8_transposed_v)
 
 
-def compile_backward_postprocess_report(dtype_name: str, head_dim: int, arch: str = "sm_90a") -> CompileReport:
+def compile_backward_postprocess_report(dtype_name: str, geometry: DQTileGeometry, arch: str = "sm_90a") -> CompileReport:
     """``compile_entry`` for the backward postprocess."""
-    return _compile_with_report(lambda *flags: compile_backward_postprocess(dtype_name, head_dim, *flags), arch, False)
+    return _compile_with_report(lambda *flags: compile_backward_postprocess(dtype_name, geometry, *flags), arch, False)
 
 
 def compile_quantize_report(

@@ -110,6 +110,48 @@ class Sm90ForwardConfig:
             )
 
 
+# An fp32 accumulator tile written by 8-byte stores takes its 128-byte swizzle lines two per
+# row (64 floats): a half-warp's stores cover four rows, one 32-byte bank group each
+# (wgmma.accumulator_tile_layout).
+ACCUMULATOR_ROW_FLOATS = 64
+# The 128-byte swizzle in fp32 elements: a 16-byte unit's index (bits 2-4) XOR'd with the
+# 128-byte line's index within 1 KiB (bits 5-7). A shared-memory pointer swizzles byte
+# addresses, two bits further up.
+ACCUMULATOR_SWIZZLE = (3, 2, 3)
+FP32_ADDRESS_BITS = 2
+
+
+def accumulator_tile_offset(row, col, rows: int):
+    """The element offset of (row, col) in one stage of ``wgmma.accumulator_tile_layout``
+    with ``rows`` rows, swizzle included: where a linear bulk copy of the tile puts that
+    value. Python ints, Int32 or integer torch tensors."""
+    linear = (row * ACCUMULATOR_ROW_FLOATS + col % ACCUMULATOR_ROW_FLOATS
+              + (col // ACCUMULATOR_ROW_FLOATS) * (rows * ACCUMULATOR_ROW_FLOATS))
+    bits, base, shift = ACCUMULATOR_SWIZZLE
+    return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
+
+
+@dataclass(frozen=True)
+class DQTileGeometry:
+    """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
+    ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
+    stored one after another (row-major over the grid of parts), each part in
+    ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
+    reads it."""
+
+    head_dim: int
+    tile_m: int
+    part_rows: int
+    part_cols: int
+
+    def offset(self, row, col):
+        """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
+        block, row_in_block = row // self.tile_m, row % self.tile_m
+        part = (row_in_block // self.part_rows) * (self.head_dim // self.part_cols) + col // self.part_cols
+        inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
+        return block * (self.tile_m * self.head_dim) + part * (self.part_rows * self.part_cols) + inside
+
+
 @dataclass(frozen=True)
 class Sm90BackwardConfig:
     """One compiled variant of the Hopper backward kernel (kernels/sm90_bwd.py).
@@ -148,6 +190,14 @@ class Sm90BackwardConfig:
     @property
     def consumer_warpgroups(self) -> int:
         return BACKWARD_CONSUMER_WARPGROUPS
+
+    @property
+    def dq_tile_geometry(self) -> DQTileGeometry:
+        """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows."""
+        wgs = self.consumer_warpgroups
+        if self.dq_rows:
+            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
+        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
 
     @property
     def row_stage_bytes(self) -> int:

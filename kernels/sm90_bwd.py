@@ -13,7 +13,7 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
     dV += Pᵀ dO                (RS: Pᵀ straight from registers as the A operand)
     dK += dSᵀ Q                (RS)
     dQ  = dS K                 (SS: dSᵀ goes to shared memory, read transposed)
-    dQ_accum[query rows] += dQ (fp32, one TMA reduction per tile from shared memory)
+    dQ_accum[query block] += dQ (fp32, one linear bulk reduction per part from shared memory)
 
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of
@@ -34,8 +34,8 @@ to the input dtype, times the softmax scale.
 
 Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
 into rings, each with its rows' lse_log2 or D; warpgroup 0, warp 1 (the dQ store warp)
-issues the TMA reductions of the dQ parts the consumers hand over; warpgroups 1 and 2 are
-the consumers.
+issues the bulk reductions of the dQ parts the consumers hand over; warpgroups 1 and 2
+are the consumers.
 """
 
 from __future__ import annotations
@@ -56,20 +56,20 @@ from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
+from .bulk_reduce import bulk_reduce_add_f32
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig,
 )
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import (
-    SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
+    SMEM_ALIGN_BYTES, accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
 )
 
-# The producer warpgroup's warp that issues dQ's TMA reductions (warp 0 loads), so the
+# The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
 # consumers hand a written dQ part over and go on instead of waiting for the TMA engine's
-# read (H200 sweep: +1-7%, d256 full 16k 401 -> 431 TFLOP/s). A whole warp: the
-# reduction's copy elects one lane with ``elect.sync`` over all 32, which hangs when the
-# other lanes are elsewhere.
+# read (H200 sweep: +1-7%, d256 full 16k 401 -> 431 TFLOP/s). A whole warp takes part in
+# the hand-off barriers; lane 0 issues.
 DQ_STORE_WARP = 1
 # A dQ hand-off barrier counts one consumer warpgroup and the store warp.
 DQ_HANDOFF_THREADS = THREADS_PER_WARPGROUP + THREADS_PER_WARP
@@ -100,10 +100,11 @@ class RowInputs:
 
 @dataclass(frozen=True)
 class DQReduction:
-    """dQ's way out: the fp32 tile in shared memory that the TMA engine adds into this
-    head's (padded seqlen_q, head_dim) accumulator."""
+    """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
+    the TMA engine adds into this head's accumulator, a part at a time as one linear bulk
+    reduction. The accumulator holds each query block's parts in order, each laid out as
+    in shared memory (``accumulator_tile_layout``; the postprocess reads it so)."""
 
-    atom: cute.CopyAtom
     smem: cute.Tensor
     accum: cute.Tensor
     # Deterministic: this head's turn counters, one per query block (None otherwise).
@@ -215,7 +216,7 @@ class Sm90BackwardKernel:
         mdO: cute.Tensor,  # (batch, seqlen_q, heads, head_dim)
         mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
-        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32
+        mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32, tiled (DQReduction)
         mdK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         # Deterministic: zeroed int32 turn counters of the fp32 additions, (batch, heads,
@@ -266,10 +267,8 @@ class Sm90BackwardKernel:
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
         # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
-        dq_part = (self.tile_m, self.head_dim // wgs)
-        if cutlass.const_expr(self.config.dq_rows):
-            dq_part = (self.tile_m // wgs, self.head_dim)
-        sdQ_layout = smem_tile_layout(Float32, *dq_part, wgs)
+        dq = self.config.dq_tile_geometry
+        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -279,11 +278,6 @@ class Sm90BackwardKernel:
         # A query block's LSE·log2(e) and D come with its Q and dO tiles, on their barriers.
         atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load, mLSELog2, row_layout, (self.tile_m,))
         atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load, mD, row_layout, (self.tile_m,))
-        # dQ leaves through shared memory: the TMA engine adds a whole fp32 tile into the
-        # accumulator, instead of every thread issuing one reduction per pair of values.
-        atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQAccum, cute.select(sdQ_layout, mode=[0, 1]), dq_part
-        )
         atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
         atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
         # dK, dV: stored through shared memory by TMA, or (kv_accumulate) added in fp32
@@ -297,8 +291,8 @@ class Sm90BackwardKernel:
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, tma_dq, mdQTurns, mdKVTurns,
-            atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta, atom_dq,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQTurns, mdKVTurns,
+            atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta,
             softmax_scale,
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
@@ -363,7 +357,6 @@ class Sm90BackwardKernel:
         atom_dv: Optional[cute.CopyAtom],
         atom_lse: cute.CopyAtom,
         atom_delta: cute.CopyAtom,
-        atom_dq: cute.CopyAtom,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
@@ -408,7 +401,7 @@ class Sm90BackwardKernel:
                 dq_turns = None
                 if cutlass.const_expr(mdQTurns is not None):
                     dq_turns = mdQTurns[None, head, batch]
-                dq_out = DQReduction(atom_dq, sdQ, mdQAccum[None, None, head, batch], dq_turns)
+                dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_turns)
                 self.store_dq(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
@@ -672,7 +665,7 @@ class Sm90BackwardKernel:
     @cute.jit
     def publish_dq(self, ops: BackwardOperands):
         """Hand the part write_dq wrote over to the store warp (``store_dq``), which issues
-        its TMA reduction; the TMA engine (async proxy) reads what the threads (generic
+        its bulk reduction; the TMA engine (async proxy) reads what the threads (generic
         proxy) wrote."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
@@ -682,8 +675,9 @@ class Sm90BackwardKernel:
     @cute.jit
     def reduce_dq_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
                        seqlen_k: Int32):
-        """One warp: the TMA reduction of dQ part ``part`` of query block ``m_block`` into the
-        accumulator.
+        """One warp (lane 0 issues): the bulk reduction of dQ part ``part`` of query block
+        ``m_block`` into the accumulator, where that part's place is the next
+        ``part_floats`` values after the earlier parts and blocks.
 
         Deterministic: the contributions to a query block's part go in a fixed order
         (``dq_turn_rank``), each waiting until the one before has landed, not only been
@@ -695,12 +689,13 @@ class Sm90BackwardKernel:
             if lane == 0:
                 rank = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
                 wait_for_turn(dq_out.turns.iterator + counter, rank)
-        # The part's place in the accumulator: its column block, or (dq_rows) row block.
-        part_tile, row_block, col_block = (self.tile_m, self.head_dim // parts), m_block, part
-        if cutlass.const_expr(self.config.dq_rows):
-            part_tile, row_block, col_block = (self.tile_m // parts, self.head_dim), m_block * parts + part, 0
-        s_tile, g_tile = tma_tile(dq_out.atom, dq_out.smem[None, None, part], dq_out.accum, part_tile, row_block, col_block)
-        cute.copy(dq_out.atom, s_tile, g_tile)
+        part_floats = self.tile_m * self.head_dim // parts
+        if lane == 0:
+            bulk_reduce_add_f32(
+                dq_out.smem[None, None, part].iterator,
+                dq_out.accum.iterator + (m_block * parts + part) * part_floats,
+                part_floats * (Float32.width // 8),
+            )
         cute.arch.cp_async_bulk_commit_group()
         if cutlass.const_expr(dq_out.turns is not None):
             cute.arch.cp_async_bulk_wait_group(0, read=False)

@@ -1,16 +1,18 @@
 """Backward postprocess: dQ out of its fp32 accumulator.
 
-    dQ[b, i, h, :] = dq_accum[b, h, i, :] * softmax_scale      (rounded to the 16-bit dtype)
+    dQ[b, i, h, :] = dQ_accum[b, h, i, :] * softmax_scale      (rounded to the 16-bit dtype)
 
-The main kernel adds every key block's dS K into dq_accum, fp32 (batch, heads, padded
-seqlen_q, head_dim), rows padded to whole query blocks; the softmax scale is left out of
-the GEMM and applied here once. Each thread loads 16 bytes (four fp32 of one row), scales
-them, rounds them in pairs (one cvt per 32-bit register, ``convert_packed``) and stores 8
-bytes into dQ's (batch, seqlen, heads, head_dim) layout. The fp32 product is rounded once,
-to nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
+The main kernel adds every key block's dS K into the accumulator, fp32, rows padded to
+whole query blocks, each query block's tile stored as the main kernel's shared memory
+holds it (``DQTileGeometry``: its parts in order, each in ``accumulator_tile_layout``); the
+softmax scale is left out of the GEMM and applied here once. Each thread loads 16 bytes
+(four fp32 of one row: the layout's swizzle moves 16-byte units whole), scales them,
+rounds them in pairs (one cvt per 32-bit register, ``convert_packed``) and stores 8 bytes
+into dQ's (batch, seqlen, heads, head_dim) layout. The fp32 product is rounded once, to
+nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
 
 One CTA per (block of rows, head, batch); consecutive threads take consecutive 16 bytes of
-a row, so both the loads and the stores are coalesced.
+a row, so the stores are coalesced and the loads read whole 16-byte units of one tile.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cutlass import Float32
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
+from .configs import DQTileGeometry
 from .wgmma import rows_first
 
 # Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
@@ -34,9 +37,11 @@ BLOCK_ROWS = 64
 
 
 class Sm90BackwardPostprocess:
-    """dQ = dq_accum * softmax_scale in a 16-bit dtype, for one head dim."""
+    """dQ = dQ_accum * softmax_scale in a 16-bit dtype, for one head dim and tile geometry."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
+    def __init__(self, geometry: DQTileGeometry, dtype: Type[cutlass.Numeric]):
+        head_dim = geometry.head_dim
+        self.geometry = geometry
         self.head_dim = head_dim
         self.dtype = dtype
         self.vector = row_vector(Float32.width, head_dim)
@@ -46,7 +51,7 @@ class Sm90BackwardPostprocess:
     @cute.jit
     def __call__(
         self,
-        mAccum: cute.Tensor,  # (batch, heads, padded seqlen_q, head_dim), float32
+        mAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32, tiled
         mdQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), 16-bit
         softmax_scale: Float32,
         stream: cuda.CUstream,
@@ -76,7 +81,8 @@ class Sm90BackwardPostprocess:
                 row = first_row + index // self.vectors_per_row
                 if row < end_row:
                     column = index % self.vectors_per_row
-                    cute.autovec_copy(cute.local_tile(mAccum[batch, head, row, None], (self.vector,), (column,)), accum)
+                    offset = self.geometry.offset(row, column * self.vector)
+                    cute.autovec_copy(cute.local_tile(mAccum[batch, head, None], (self.vector,), (offset // self.vector,)), accum)
             for accum, turn in zip(accums, turns):
                 index = turn * THREADS + tidx
                 row = first_row + index // self.vectors_per_row

@@ -12,6 +12,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS
+
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
 SMEM_ALIGN_BYTES = 1024
@@ -25,6 +27,27 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     if stages is None:
         return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def accumulator_tile_layout(rows: int, cols: int, stages: int):
+    """Staged shared-memory layout of an fp32 (rows, cols) tile that wgmma accumulators are
+    stored into a pair of columns at a time, and that leaves as one linear bulk copy.
+
+    ``smem_tile_layout`` stacks the 32-column swizzle atoms down the rows, 128 bytes per
+    row, so rows r and r + 1 land in the same bank groups and every 8-byte store of a warp
+    takes twice the ideal wavefronts (ncu at head dim 128: mio-throttle and short-scoreboard
+    stalls three times flash-attn-4's). Here a row holds 64 floats, two swizzle lines, and
+    four consecutive rows fall in four different 32-byte bank groups; wider tiles repeat
+    the pattern per 64 columns. ``configs.accumulator_tile_offset`` is the same map as
+    arithmetic."""
+    if cols % ACCUMULATOR_ROW_FLOATS:
+        raise ValueError(f"cols={cols}: a multiple of {ACCUMULATOR_ROW_FLOATS} fp32 columns")
+    outer = cute.make_layout(
+        (rows, (ACCUMULATOR_ROW_FLOATS, cols // ACCUMULATOR_ROW_FLOATS), stages),
+        stride=(ACCUMULATOR_ROW_FLOATS, (1, rows * ACCUMULATOR_ROW_FLOATS), rows * cols),
+    )
+    bits, base, shift = ACCUMULATOR_SWIZZLE
+    return cute.make_composed_layout(cute.make_swizzle(bits, base + FP32_ADDRESS_BITS, shift), 0, outer)
 
 
 def rows_first(t: cute.Tensor) -> cute.Tensor:

@@ -95,19 +95,28 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
-@pytest.mark.parametrize("seqlen,padded", ((1, 64), (17, 128), (1000, 1024)))
-def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, padded):
-    # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py): the product with
-    # the softmax scale rounded once to nearest even, as torch's multiply does, so the
-    # same bits; the padded rows are never read (NaN there would show), every output
-    # element is written (NaN poison).
+@pytest.mark.parametrize("seqlen", (1, 17, 1000))
+def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen):
+    # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py), which holds each
+    # query block as the main kernel's tile geometry says: every value read from its
+    # place, the product with the softmax scale rounded once to nearest even, as torch's
+    # multiply does, so the same bits; the padded rows are never read (NaN there would
+    # show), every output element is written (NaN poison).
+    from flash4.backward import backward_config
     from flash4.compiler import compiled_backward_postprocess
 
-    batch, heads, scale = 2, 3, 0.0883883
-    accum = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3
-    accum[:, :, seqlen:] = math.nan
+    geometry = backward_config(head_dim, False).dq_tile_geometry
+    # Rows padded to whole query blocks, as attention_backward allocates them.
+    batch, heads, scale, padded = 2, 3, 0.0883883, -(-seqlen // geometry.tile_m) * geometry.tile_m
+    rows_major = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3
+    rows_major[:, :, seqlen:] = math.nan
+    row = torch.arange(padded, device="cuda").view(-1, 1)
+    col = torch.arange(head_dim, device="cuda").view(1, -1)
+    place = geometry.offset(row, col).flatten()
+    accum = torch.full((batch, heads, padded * head_dim), math.nan, device="cuda")
+    accum[:, :, place] = rows_major.flatten(2)
     dq = torch.full((batch, seqlen, heads, head_dim), math.nan, device="cuda", dtype=dtype)
-    compiled_backward_postprocess(str(dtype).removeprefix("torch."), head_dim)(accum, dq, scale)
+    compiled_backward_postprocess(str(dtype).removeprefix("torch."), geometry)(accum, dq, scale)
     torch.cuda.synchronize()
-    want = torch.mul(accum[:, :, :seqlen].transpose(1, 2), scale).to(dtype)
+    want = torch.mul(rows_major[:, :, :seqlen].transpose(1, 2), scale).to(dtype)
     assert torch.equal(dq, want)

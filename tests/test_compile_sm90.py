@@ -73,16 +73,20 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2
-    # dQ leaves by TMA reduction, each warpgroup's part (half of the columns, or its rows)
-    # one reduction per 128-byte-wide column box (the widest box a 128-byte swizzle
-    # allows), issued by the store warp for both parts. A part is handed over through two
+    # dQ leaves by linear bulk reduction, each warpgroup's part (half of the columns, or
+    # its rows) as one, issued by the store warp for both parts; its 8-byte stores into
+    # shared memory stay 8 bytes wide. A part is handed over through two
     # 160-thread barriers (its warpgroup and the store warp): the warpgroup arrives on
     # DQ_FULL and syncs on DQ_EMPTY (ids by register: its own pair), the store warp the
     # other way round (ids as constants, both parts). The warpgroups meet once per block,
     # at the 256-thread barrier before the dQ GEMM reads dSᵀ.
-    part_columns = head_dim if config.dq_rows else head_dim // 2
     parts = config.consumer_warpgroups
-    assert ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == parts * (part_columns * 4 // 128)
+    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == parts
+    assert "cp.reduce.async.bulk.tensor" not in ptx
+    # Two values per store, a warpgroup's part over 128 threads, in the masked and the
+    # mask-free loop.
+    part = config.dq_tile_geometry
+    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 2 * part.part_rows * part.part_cols // (2 * 128)
     full, empty = ([str(int(first) + i) for i in range(parts)] for first in (NamedBarrier.DQ_FULL_0, NamedBarrier.DQ_EMPTY_0))
     handoff = [(op, b) for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)]
     assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == full
@@ -121,7 +125,7 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
 def test_dq_rows_compiles_clean():
     # Head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
     # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
-    # in two 128-byte boxes (64 fp32 columns), in the masked and the unmasked loop.
+    # as one linear bulk reduction, issued for both parts by the store warp.
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
@@ -131,7 +135,7 @@ def test_dq_rows_compiles_clean():
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
     assert shapes.count("m64n32k16") == 0 and shapes.count("m64n64k16") == 2 * (8 + 8 + 8)
-    assert report.ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add") == 2 * 2
+    assert report.ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 2
 
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
@@ -204,9 +208,10 @@ def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
 def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
     # The backward's postprocess (kernels/sm90_bwd_postprocess.py): four fp32
     # per load, one fp32 multiply each, a paired round-to-nearest cvt, one 8-byte store.
+    from flash4.backward import backward_config
     from flash4.compiler import compile_backward_postprocess_report
 
-    report = compile_backward_postprocess_report(dtype, head_dim)
+    report = compile_backward_postprocess_report(dtype, backward_config(head_dim, False).dq_tile_geometry)
     assert report.spill_bytes == 0
     kind = {"bfloat16": "bf16x2", "float16": "f16x2"}[dtype]
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
@@ -219,13 +224,16 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
     # A load-convert-store loop keeps one load in flight per thread (a load stays behind a
     # store to memory the compiler cannot tell apart): the stores of a batch come after all
     # of its LOADS_IN_FLIGHT loads. Per tensor, the rows kernel has only its storing pass.
+    from flash4.backward import backward_config
     from flash4.compiler import compile_backward_postprocess_report, compile_quantize_report
     from flash4.kernels.memory_pass import LOADS_IN_FLIGHT
 
     report = {
         "quantize_rows": lambda: compile_quantize_report("bfloat16", 128, None),
         "quantize_transposed_v": lambda: compile_quantize_report("bfloat16", 128, None, transposed_v=True),
-        "bwd_postprocess": lambda: compile_backward_postprocess_report("bfloat16", 128),
+        "bwd_postprocess": lambda: compile_backward_postprocess_report(
+            "bfloat16", backward_config(128, False).dq_tile_geometry
+        ),
     }[kernel]()
     order = "".join(
         "L" if line.startswith("ld.global.v4") else "S"
@@ -233,3 +241,71 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         if line.startswith(("ld.global.v4", "st.global"))
     )
     assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
+
+
+
+def _accumulator_layout_offsets(rows: int, cols: int) -> tuple[list[int], str]:
+    """Every (row, col) of stage 0 of accumulator_tile_layout, through its outer layout (in
+    fp32 elements, before the pointer's swizzle), and the swizzle as text."""
+    import cutlass.cute as cute
+
+    from flash4.kernels.wgmma import accumulator_tile_layout
+
+    found: dict = {}
+
+    @cute.jit
+    def evaluate():
+        layout = accumulator_tile_layout(rows, cols, 2)
+        found["swizzle"] = str(layout.inner)
+        found["outer"] = [cute.crd2idx((r, c, 0), layout.outer) for r in range(rows) for c in range(cols)]
+
+    evaluate()
+    return found["outer"], found["swizzle"]
+
+
+@pytest.mark.parametrize("rows,cols", ((64, 64), (64, 128)))
+def test_dq_accumulator_tile_is_the_offsets_the_postprocess_reads(rows, cols):
+    # The main kernel writes dQ through a shared-memory pointer that swizzles byte
+    # addresses and copies the tile out byte for byte; the postprocess reads it back with
+    # accumulator_tile_offset. Both must name the same place for every element, and the
+    # places must be a permutation of the tile.
+    from flash4.kernels.configs import FP32_ADDRESS_BITS, accumulator_tile_offset
+
+    outer, swizzle = _accumulator_layout_offsets(rows, cols)
+    bits, base, shift = (int(x) for x in re.fullmatch(r"S<(\d+),(\d+),(\d+)>", swizzle).groups())
+    assert base == 2 + FP32_ADDRESS_BITS  # 16-byte units, in bytes
+
+    def byte_swizzle(address: int) -> int:
+        return address ^ (((address >> (base + shift)) & ((1 << bits) - 1)) << base)
+
+    offsets = [accumulator_tile_offset(r, c, rows) for r in range(rows) for c in range(cols)]
+    assert [byte_swizzle(4 * o) for o in outer] == [4 * o for o in offsets]
+    assert sorted(offsets) == list(range(rows * cols))
+
+
+@pytest.mark.parametrize("cols", (64, 128))
+def test_dq_accumulator_stores_have_no_bank_conflicts(cols):
+    # A wgmma accumulator (m64nN): lane l of warp w holds rows 16w + l/4 (+8) and the column
+    # pairs 8j + 2(l%4). One 8-byte store per (row half, j) and lane; shared memory serves
+    # a half-warp per wavefront, 32 banks of 4 bytes, so the ideal is 2 wavefronts a store.
+    # The tile stacked 128 bytes per row (smem_tile_layout) took 4 (ncu: 2x the ideal).
+    from flash4.kernels.configs import accumulator_tile_offset
+
+    def wavefronts(addresses: list[int]) -> int:
+        total = 0
+        for half in (addresses[:16], addresses[16:]):
+            words_by_bank: dict[int, set[int]] = {}
+            for address in half:
+                for word in (address // 4, address // 4 + 1):
+                    words_by_bank.setdefault(word % 32, set()).add(word)
+            total += max(len(words) for words in words_by_bank.values())
+        return total
+
+    for warp in range(4):
+        for half in range(2):
+            for j in range(cols // 8):
+                addresses = [
+                    4 * accumulator_tile_offset(16 * warp + lane // 4 + 8 * half, 8 * j + 2 * (lane % 4), 64)
+                    for lane in range(32)
+                ]
+                assert wavefronts(addresses) == 2, (warp, half, j)

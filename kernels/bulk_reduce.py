@@ -1,0 +1,32 @@
+"""A linear bulk reduction: the TMA engine adds a contiguous run of fp32 values in shared
+memory into global memory (``cp.reduce.async.bulk ... .add.f32``), with no tensor map.
+
+CuTe-DSL wraps the tensor-tile form only. The linear form copies bytes in order, so the
+shared-memory tile may take any layout (the backward's dQ tile takes one its 8-byte stores
+fill without bank conflicts) and global memory holds the same layout.
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+# A bulk copy's addresses and size are multiples of 16 bytes.
+BULK_COPY_ALIGN_BYTES = 16
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(smem: cute.Pointer, gmem: cute.Pointer, num_bytes: Int32, *, loc=None, ip=None) -> None:
+    """Issue (one thread) the addition of ``num_bytes`` of fp32 at ``smem`` into ``gmem``,
+    in the thread's current bulk async-group (commit and wait with cp_async_bulk_*)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
