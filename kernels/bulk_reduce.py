@@ -13,14 +13,12 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-# A bulk copy's addresses and size are multiples of 16 bytes.
-BULK_COPY_ALIGN_BYTES = 16
-
 
 @dsl_user_op
 def bulk_reduce_add_f32(smem: cute.Pointer, gmem: cute.Pointer, num_bytes: Int32, *, loc=None, ip=None) -> None:
     """Issue (one thread) the addition of ``num_bytes`` of fp32 at ``smem`` into ``gmem``,
-    in the thread's current bulk async-group (commit and wait with cp_async_bulk_*)."""
+    in the thread's current bulk async-group (commit and wait with cp_async_bulk_*). Both
+    addresses and the size are multiples of 16 bytes."""
     llvm.inline_asm(
         None,
         [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value(loc=loc, ip=ip)],

@@ -185,7 +185,6 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
-    # dQ computed transposed, dQᵀ = Kᵀ dSᵀ: M = head_dim (each warpgroup its 64 columns),
 
     @property
     def consumer_warpgroups(self) -> int:
