@@ -5,6 +5,9 @@ profiled range).
     ncu --clock-control none -k regex:Forward --section SpeedOfLight python perf/profile_once.py --hdim 128 --seqlen 1024
     ncu --clock-control none -k regex:Backward --section SpeedOfLight python perf/profile_once.py --pass bwd
 
+``perf/ncu_compare.py`` reads such a report's exported pages and sets the two kernels side by
+side.
+
 Each provider is warmed up (compiled) first, so the profiler sees steady-state launches.
 """
 
