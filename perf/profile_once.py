@@ -1,9 +1,13 @@
-"""Run flash4's forward and flash-attn-4's once each on one protocol shape, for a profiler;
-with ``--pass bwd``, their backward passes (the forward runs once beforehand, outside the
-profiled range).
+"""Run flash4's forward and its peers' (flash-attn-4, and torch SDPA's cuDNN backend) once
+each on one protocol shape, for a profiler; with ``--pass bwd``, their backward passes (the
+forward runs once beforehand, outside the profiled range).
 
     ncu --clock-control none -k regex:Forward --section SpeedOfLight python perf/profile_once.py --hdim 128 --seqlen 1024
     ncu --clock-control none -k regex:Backward --section SpeedOfLight python perf/profile_once.py --pass bwd
+    ncu --clock-control none -k regex:'Sm90ForwardKernel|cudnn' --set full python perf/profile_once.py --hdim 64 --seqlen 512
+
+Autograd runs the backward on a thread of its own, so NVTX ranges do not reach its kernels:
+pick kernels by name (``-k``).
 
 ``perf/ncu_compare.py`` reads such a report's exported pages and sets the two kernels side by
 side.
@@ -39,6 +43,17 @@ def main() -> None:
         forwards["fa4"] = lambda: fa4(q, k, v, causal=args.causal)
     except ImportError:
         pass
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa_cudnn():
+        # SDPA takes (batch, heads, seqlen, head_dim).
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal
+            )
+        return out.transpose(1, 2)
+
+    forwards["sdpa-cudnn"] = sdpa_cudnn
     providers = forwards
     if args.which == "bwd":
         dout = torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16)
