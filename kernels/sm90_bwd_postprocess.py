@@ -40,12 +40,11 @@ class Sm90BackwardPostprocess:
     """dQ = dQ_accum * softmax_scale in a 16-bit dtype, for one head dim and tile geometry."""
 
     def __init__(self, geometry: DQTileGeometry, dtype: Type[cutlass.Numeric]):
-        head_dim = geometry.head_dim
         self.geometry = geometry
-        self.head_dim = head_dim
+        self.head_dim = geometry.head_dim
         self.dtype = dtype
-        self.vector = row_vector(Float32.width, head_dim)
-        self.vectors_per_row = head_dim // self.vector
+        self.vector = row_vector(Float32.width, self.head_dim)
+        self.vectors_per_row = self.head_dim // self.vector
         self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
 
     @cute.jit
