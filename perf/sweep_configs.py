@@ -46,7 +46,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # and dO stages (lost 2-6% at 16k), dQ transposed on 80-row query blocks at head dim 128
 # (flash-attn-4's non-causal choice; lost 6-13%, -bwd-d128-swap-ab.json), programmatic
 # dependent launch after the preprocess (+1% at 512, -9% to +8% at 16k in rounds that
-# spread as wide; -bwd-sweep-pdl.json). (Deterministic cost 0.59-0.74x; the README has it.)
+# spread as wide; -bwd-sweep-pdl.json), LSE and D read into registers while Sᵀ and dPᵀ run
+# (stats_early; tried before and after the dQ tile fix, which left ncu's largest gap to
+# flash-attn-4 on those loads: -2% to +3% at head dims 128 and 256, 2k and 16k, 3 rounds;
+# -bwd-sweep-stats-early.json). (Deterministic cost 0.59-0.74x; the README has it.)
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
