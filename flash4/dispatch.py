@@ -59,11 +59,16 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - O's rescale skipped when no row of a warp raised its max (rescale_when_needed) at
       head dim 256, where O is 128 registers a thread: full 592/711 -> 582/720, causal
       439/684 -> 437/706 at 1k/16k (two rounds); at 64 and 128 it lost up to 3%.
+    - Two Q slots wherever O has a buffer of its own (persistent, head dims 64 and 128), so
+      the next tile's Q loads while this one runs (three rounds, 512 / 1k / 4k): d64 full
+      346/403/492 -> 355/406/495, causal 234/311/432 -> 244/320/428; d128 full
+      507/573/638 -> 520/580/645, causal 335/440/577 -> 336/439/576.
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
         head_dim=head_dim, tile_n=tile_n, causal=causal,
         pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
+        q_stages=1 if head_dim == 256 else 2,
     )
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True)

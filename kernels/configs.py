@@ -48,6 +48,11 @@ class Sm90ForwardConfig:
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
     persistent: bool = False
+    # Slots in Q's ring (persistent, O in a buffer of its own): with two, the producer loads
+    # the next tile's Q before this tile's last blocks instead of after its last S GEMM, so
+    # short tiles (ncu at seqlen 512: 3% of the consumers' stall samples on Q's barrier) do
+    # not start by waiting for it (flash4/dispatch.py has the sweep).
+    q_stages: int = 1
     # e4m3 Q, K and V (V given transposed, keys contiguous: FP8 wgmma reads both operands
     # K-major) with one descale per tile, and a 16-bit O (kernels/sm90_fwd_fp8.py).
     fp8: bool = False
@@ -85,7 +90,7 @@ class Sm90ForwardConfig:
 
     def _smem_bytes(self, own_o_buffer: bool) -> int:
         in_bytes = 1 if self.fp8 else 2
-        q = self.tile_m * self.head_dim * in_bytes
+        q = self.q_stages * self.tile_m * self.head_dim * in_bytes
         o = self.tile_m * self.head_dim * 2 if own_o_buffer else 0
         kv = 2 * self.kv_stages * self.tile_n * self.head_dim * in_bytes
         return q + o + kv + BARRIER_BYTES
@@ -95,6 +100,11 @@ class Sm90ForwardConfig:
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
         if self.kv_stages < 1:
             raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
+        if self.q_stages < 1 or (self.q_stages > 1 and not (self.persistent and not self.o_in_q_buffer)):
+            raise ValueError(
+                f"q_stages={self.q_stages}: at least 1; more only when persistent with O in its own buffer "
+                "(O staged in Q's buffer ties Q's release to the store)"
+            )
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:

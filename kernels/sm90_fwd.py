@@ -140,6 +140,7 @@ class Sm90ForwardKernel:
         # Q's buffer is given back once nothing reads it any more: after the tile's last S
         # GEMM, or, when a persistent kernel stages O in it, after the TMA store has read O.
         self.q_freed_by_store = config.persistent and config.o_in_q_buffer
+        self.q_stages = config.q_stages
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -192,14 +193,14 @@ class Sm90ForwardKernel:
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-        sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim)
+        sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.q_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
         sV_layout = smem_tile_layout(self.dtype, *self.v_tile(), self.stages)
         sO_layout = smem_tile_layout(self.out_dtype, self.tile_m, self.head_dim)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-            load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+            load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim)
         )
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
             load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
@@ -211,7 +212,7 @@ class Sm90ForwardKernel:
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim)
         )
-        self.q_bytes = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
         grid = self.scheduler(mQ).grid(max_ctas)
@@ -239,7 +240,7 @@ class Sm90ForwardKernel:
         # Fields in address order; built as a dict because this module's annotations are
         # strings (``from __future__ import annotations``) and cute.struct needs the types.
         fields = {
-            "q_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(1)],
+            "q_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.q_stages)],
             "k_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
             "v_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
             "sQ": buffer(q_elems),
@@ -295,7 +296,7 @@ class Sm90ForwardKernel:
         # When the store frees Q's buffer, the one thread that issues the store releases it.
         q_releasers = THREADS_PER_WARP if self.q_freed_by_store else self.consumer_threads
         rings = Rings(
-            q=make_tma_ring(storage.q_barriers.data_ptr(), 1, self.q_bytes, q_releasers),
+            q=make_tma_ring(storage.q_barriers.data_ptr(), self.q_stages, self.q_bytes, q_releasers),
             k=make_tma_ring(
                 storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
             ),
@@ -308,7 +309,7 @@ class Sm90ForwardKernel:
         )
         # O goes out through Q's buffer unless it has its own: each warpgroup overwrites only
         # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
-        sO = rings.sQ
+        sO = rings.sQ[None, None, 0]
         if cutlass.const_expr(not self.config.o_in_q_buffer):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         finish_init()
@@ -338,7 +339,7 @@ class Sm90ForwardKernel:
     @cute.jit
     def produce(self, loads: Loads, rings: Rings, scheduler: TileScheduler):
         """The producer warp: every tile's loads, in the order the consumers use them."""
-        q_state = producer_state(1)
+        q_state = producer_state(self.q_stages)
         kv_state = producer_state(self.stages)
         position = scheduler.first()
         while position < scheduler.end():
@@ -376,13 +377,13 @@ class Sm90ForwardKernel:
             # Once per CTA: each tile passes the turn as often as it waits for it, so the
             # last warpgroup's final pass of one tile is the first turn of the next.
             pingpong.start()
-        q_state = consumer_state(1)
+        q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
         position = scheduler.first()
         while position < scheduler.end():
             if scheduler.valid(position):
                 tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
-                ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, warpgroup_idx, tidx)
+                ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, self.q_slot(q_state), warpgroup_idx, tidx)
                 lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
                 # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
                 lse.fill(-Float32.inf)
@@ -466,12 +467,17 @@ class Sm90ForwardKernel:
         k_ring, v_ring = rings.k, rings.v
 
         # K of the first block goes out before Q: both are needed for the first GEMM, and
-        # K's ring is the one the loop keeps waiting on.
+        # K's ring is the one the loop keeps waiting on. With more than one Q slot, Q's
+        # acquire does not wait for this CTA's previous tile, so Q goes first and lands
+        # while that tile finishes.
+        if cutlass.const_expr(self.q_stages > 1):
+            q_state = self.load_q(loads, rings, tile, q_state)
         n_block = tile.n_block_max - 1
         k_ring.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
                   tma_bar_ptr=k_ring.producer_get_barrier(state))
-        q_state = self.load_q(loads, rings, tile, q_state)
+        if cutlass.const_expr(self.q_stages == 1):
+            q_state = self.load_q(loads, rings, tile, q_state)
         # Steady state: K of the next block runs one block ahead of V, in the order the
         # consumers use them (S_j is issued before P V_{j+1}).
         for i in cutlass.range(tile.n_block_max - 1, unroll=1):
@@ -490,12 +496,17 @@ class Sm90ForwardKernel:
         state.advance()
         return q_state, state
 
+    def q_slot(self, q_state):
+        """The slot of Q's ring that ``q_state`` names; a compile-time 0 for one slot."""
+        return q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
+
     @cute.jit
     def load_q(self, loads: Loads, rings: Rings, tile: Tile, q_state):
         """The tile's Q, once the consumers have given the buffer back (see
         ``q_freed_by_store``); returns the Q ring's next state."""
         q_tile = (self.tile_m, self.head_dim)
-        tQsQ, tQgQ = tma_tile(loads.atom_q, rings.sQ, loads.mQ[None, None, tile.head, tile.batch], q_tile, tile.m_block)
+        sQ = rings.sQ[None, None, self.q_slot(q_state)]
+        tQsQ, tQgQ = tma_tile(loads.atom_q, sQ, loads.mQ[None, None, tile.head, tile.batch], q_tile, tile.m_block)
         rings.q.producer_acquire(q_state)
         cute.copy(loads.atom_q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
         q_state.advance()
@@ -508,9 +519,11 @@ class Sm90ForwardKernel:
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         rings: Rings,
+        q_slot,
         warpgroup_idx: Int32,
         tidx: Int32,
     ) -> ConsumerOperands:
+        """``q_slot``: the slot of Q's ring that holds this tile's Q."""
         # Each warpgroup's MMA slice: its 64 rows of Q and of S, O.
         wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
@@ -524,7 +537,7 @@ class Sm90ForwardKernel:
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
-            tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ)),
+            tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ[None, None, q_slot])),
             tSrK=wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK)),
             tOrVt=wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt)),
             s_shape=wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),

@@ -57,7 +57,11 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # what was not taken: flash4/dispatch.py; since then (-fp8-sweep-candidates3.json) a third
 # K/V stage at head dims 64 and 128 (within 1% at 64, -5% at 128 16k) and 64-key blocks at
 # 128 (-15%).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# Two Q slots (as the 16-bit rows; -fwd-sweep-q-slots.json, -fp8-sweep-q-slots.json, three
+# rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
+# 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
+# 331/479/732. The d128 full row waits for its GPU tests.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(q_stages=2)], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
