@@ -18,6 +18,9 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
     assert d256.smem_bytes() == 128 * 256 * 2 + 4 * 80 * 256 * 2 + 1024 <= SM90_SMEM_BYTES
     # One tile per CTA: Q is dead by the epilogue, so O always reuses its buffer.
     assert Sm90ForwardConfig(head_dim=128, tile_n=128).o_in_q_buffer
+    # A second Q slot (the next tile's Q) still fits at head dim 128: 224 KiB.
+    two_slots = Sm90ForwardConfig(head_dim=128, tile_n=128, persistent=True, q_stages=2)
+    assert two_slots.smem_bytes() == 3 * 128 * 128 * 2 + 4 * 128 * 128 * 2 + 1024 <= SM90_SMEM_BYTES
 
 
 @pytest.mark.parametrize(
@@ -28,6 +31,10 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=72, tile_n=120), "tile_n=120"),
         (dict(head_dim=264, tile_n=64), "head_dim=264"),
         (dict(head_dim=256, tile_n=128), "bytes of shared memory"),
+        (dict(head_dim=128, tile_n=128, persistent=True, q_stages=0), "q_stages=0"),
+        # Two Q slots need a persistent CTA whose O has its own buffer.
+        (dict(head_dim=128, tile_n=128, q_stages=2), "q_stages=2: .*persistent"),
+        (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, q_stages=2), "q_stages=2: .*own buffer"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):
