@@ -383,7 +383,9 @@ class Sm90ForwardKernel:
         while position < scheduler.end():
             if scheduler.valid(position):
                 tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
-                ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, self.q_slot(q_state), warpgroup_idx, tidx)
+                ops = self.consumer_operands(
+                    tiled_mma_qk, tiled_mma_pv, rings, self.q_slot(q_state), warpgroup_idx, tidx
+                )
                 lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
                 # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
                 lse.fill(-Float32.inf)
