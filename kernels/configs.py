@@ -141,25 +141,66 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
+# A wgmma accumulator (m64nN) as its 128 threads hold it: lane l of warp w has rows
+# 16w + l/4 and 16w + l/4 + 8, columns 8j + 2(l%4) and the next, four values per j.
+WGMMA_ROWS = 64
+FRAGMENT_VALUES = 4
+
+
+def fragment_order_offset(row, col):
+    """The element offset of (row, col) in one 64-row accumulator tile stored in register
+    order (``wgmma.fragment_tile_layout``): thread t's four values of column block j at
+    4 (128 j + t). Python ints, Int32 or integer torch tensors."""
+    warp, rest = row // 16, row % 16
+    half, lane_row = rest // 8, rest % 8
+    block, pair, odd = col // 8, (col % 8) // 2, col % 2
+    thread = 32 * warp + 4 * lane_row + pair
+    return FRAGMENT_VALUES * (WGMMA_ROWS * 2 * block + thread) + 2 * half + odd
+
+
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
     ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
     stored one after another (row-major over the grid of parts), each part in
-    ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
-    reads it."""
+    ``kernels.wgmma.accumulator_tile_layout`` or, with ``fragment_order``, in the order
+    the warpgroup's threads hold it (``wgmma.fragment_tile_layout``). The main kernel
+    writes it, the postprocess reads it."""
 
     head_dim: int
     tile_m: int
     part_rows: int
     part_cols: int
+    fragment_order: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fragment_order and self.part_rows != WGMMA_ROWS:
+            raise ValueError(f"part_rows={self.part_rows}: register order needs one wgmma's {WGMMA_ROWS} rows per part")
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
         block, row_in_block = row // self.tile_m, row % self.tile_m
         part = (row_in_block // self.part_rows) * (self.head_dim // self.part_cols) + col // self.part_cols
-        inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
+        if self.fragment_order:
+            inside = fragment_order_offset(row_in_block % self.part_rows, col % self.part_cols)
+        else:
+            inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
         return block * (self.tile_m * self.head_dim) + part * (self.part_rows * self.part_cols) + inside
+
+    def fragment_origin(self, index):
+        """With ``fragment_order``: the (row, col) of the first of the four values at
+        ``FRAGMENT_VALUES * index`` in a head's accumulator; the others are at col + 1,
+        row + 8 and both. A block of 64 rows is one part per column range, so its parts
+        lie one after another."""
+        per_part = self.part_rows * self.part_cols // FRAGMENT_VALUES
+        per_band = WGMMA_ROWS * self.head_dim // FRAGMENT_VALUES
+        band, rest = index // per_band, index % per_band
+        part, inside = rest // per_part, rest % per_part
+        block, thread = inside // (2 * WGMMA_ROWS), inside % (2 * WGMMA_ROWS)
+        warp, lane = thread // 32, thread % 32
+        row = band * WGMMA_ROWS + 16 * warp + lane // 4
+        col = part * self.part_cols + 8 * block + 2 * (lane % 4)
+        return row, col
 
 
 @dataclass(frozen=True)
@@ -195,6 +236,11 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
+    # dQ's shared-memory tile holds each thread's accumulator values in register order, so
+    # a thread stores four at a time (16-byte stores, half the instructions of the 8-byte
+    # ones; ncu at head dim 128: mio_throttle stalls twice flash-attn-4's, which stores
+    # dQ so), and the postprocess reads that order. [Sweep candidate.]
+    dq_fragment_order: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -205,8 +251,8 @@ class Sm90BackwardConfig:
         """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows."""
         wgs = self.consumer_warpgroups
         if self.dq_rows:
-            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
-        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
+            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim, self.dq_fragment_order)
+        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs, self.dq_fragment_order)
 
     @property
     def row_stage_bytes(self) -> int:

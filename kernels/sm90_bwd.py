@@ -58,12 +58,14 @@ from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init,
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bulk_reduce import bulk_reduce_add_f32
 from .configs import (
-    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig,
+    BACKWARD_DS_STAGES, FP32_BYTES, FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES,
+    Sm90BackwardConfig,
 )
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import (
-    SMEM_ALIGN_BYTES, accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
+    SMEM_ALIGN_BYTES, accumulator_tile_layout, fragment_tile_layout, rows_first, smem_tile_layout, tma_tile,
+    warpgroup_gemm,
 )
 
 # The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
@@ -103,7 +105,8 @@ class DQReduction:
     """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
     the TMA engine adds into this head's accumulator, a part at a time as one linear bulk
     reduction. The accumulator holds each query block's parts in order, each laid out as
-    in shared memory (``accumulator_tile_layout``; the postprocess reads it so)."""
+    in shared memory (``accumulator_tile_layout`` or ``fragment_tile_layout``; the
+    postprocess reads it so)."""
 
     smem: cute.Tensor
     accum: cute.Tensor
@@ -205,6 +208,9 @@ class Sm90BackwardKernel:
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
+        # A thread's dQ values leave for shared memory two at a time (adjacent columns), or
+        # in register order four (both rows of a column pair).
+        self.dq_store_bits = (FRAGMENT_VALUES if config.dq_fragment_order else 2) * Float32.width
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -268,7 +274,10 @@ class Sm90BackwardKernel:
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
         # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
         dq = self.config.dq_tile_geometry
-        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
+        if cutlass.const_expr(dq.fragment_order):
+            sdQ_layout = fragment_tile_layout(dq.part_cols, wgs)
+        else:
+            sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -532,9 +541,11 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent fp32 columns as one 8-byte store.
+            # Pairs of adjacent fp32 columns as one 8-byte store; in register order, both
+            # rows' pairs as one 16-byte store.
             store_dq=cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=self.dq_store_bits),
+                tiled_mma_dq,
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )

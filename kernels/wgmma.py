@@ -12,7 +12,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS
+from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, FRAGMENT_VALUES, WGMMA_ROWS
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
@@ -48,6 +48,22 @@ def accumulator_tile_layout(rows: int, cols: int, stages: int):
     )
     bits, base, shift = ACCUMULATOR_SWIZZLE
     return cute.make_composed_layout(cute.make_swizzle(bits, base + FP32_ADDRESS_BITS, shift), 0, outer)
+
+
+def fragment_tile_layout(cols: int, stages: int):
+    """Staged shared-memory layout of an fp32 (64, cols) wgmma accumulator tile in the order
+    its 128 threads hold it (``configs.fragment_order_offset``): each thread's four values
+    of a column block (two adjacent columns, rows r and r + 8) are 16 contiguous bytes, so
+    one 16-byte store writes them, and a warp's 32 stores are 512 contiguous bytes, without
+    bank conflicts. No swizzle; it leaves as one linear bulk copy."""
+    if cols % 8:
+        raise ValueError(f"cols={cols}: whole 8-column blocks of the accumulator")
+    threads = 2 * WGMMA_ROWS
+    outer = cute.make_layout(
+        ((8, 2, 4), (2, 4, cols // 8), stages),
+        stride=((4 * 4, 2, 4 * 32), (1, 4, FRAGMENT_VALUES * threads), WGMMA_ROWS * cols),
+    )
+    return cute.make_composed_layout(cute.make_swizzle(0, FP32_ADDRESS_BITS + 2, 3), 0, outer)
 
 
 def rows_first(t: cute.Tensor) -> cute.Tensor:

@@ -50,7 +50,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # (stats_early; tried before and after the dQ tile fix, which left ncu's largest gap to
 # flash-attn-4 on those loads: -2% to +3% at head dims 128 and 256, 2k and 16k, 3 rounds;
 # -bwd-sweep-stats-early.json). (Deterministic cost 0.59-0.74x; the README has it.)
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    head_dim: [dict(), dict(dq_fragment_order=True)] for head_dim in (64, 128, 256)
+}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

@@ -309,3 +309,83 @@ def test_dq_accumulator_stores_have_no_bank_conflicts(cols):
                     for lane in range(32)
                 ]
                 assert wavefronts(addresses) == 2, (warp, half, j)
+
+
+def _fragment_layout_offsets(cols: int) -> tuple[list[int], str]:
+    """Every (row, col) of stage 1 of fragment_tile_layout through its outer layout, and its
+    swizzle as text."""
+    import cutlass.cute as cute
+
+    from flash4.kernels.wgmma import fragment_tile_layout
+
+    found: dict = {}
+
+    @cute.jit
+    def evaluate():
+        layout = fragment_tile_layout(cols, 2)
+        found["swizzle"] = str(layout.inner)
+        found["outer"] = [cute.crd2idx((r, c, 1), layout.outer) for r in range(64) for c in range(cols)]
+
+    evaluate()
+    return found["outer"], found["swizzle"]
+
+
+@pytest.mark.parametrize("cols", (64, 128))
+def test_dq_fragment_tile_is_the_offsets_the_postprocess_reads(cols):
+    # The candidate dq_fragment_order: the main kernel stores dQ through
+    # fragment_tile_layout (unswizzled), the postprocess reads it back through
+    # fragment_order_offset and fragment_origin. All three must agree on every element.
+    from flash4.kernels.configs import fragment_order_offset
+
+    outer, swizzle = _fragment_layout_offsets(cols)
+    bits = int(re.fullmatch(r"S<(\d+),(\d+),(\d+)>", swizzle).group(1))
+    assert bits == 0
+    offsets = [fragment_order_offset(r, c) for r in range(64) for c in range(cols)]
+    assert outer == [64 * cols + o for o in offsets]
+    assert sorted(offsets) == list(range(64 * cols))
+
+
+@pytest.mark.parametrize("cols", (64, 128))
+def test_dq_fragment_stores_have_no_bank_conflicts(cols):
+    # In register order a thread's four values of column block j (rows r and r + 8, two
+    # columns) are one 16-byte store; a warp's 32 cover 512 contiguous bytes, the ideal
+    # 4 wavefronts (a quarter-warp of 16-byte accesses per wavefront), with the same
+    # values as the wgmma fragment holds them.
+    from flash4.kernels.configs import fragment_order_offset
+
+    for warp in range(4):
+        for j in range(cols // 8):
+            starts = []
+            for lane in range(32):
+                row, col = 16 * warp + lane // 4, 8 * j + 2 * (lane % 4)
+                values = [fragment_order_offset(row + 8 * h, col + c) for h in (0, 1) for c in (0, 1)]
+                assert values == list(range(values[0], values[0] + 4)) and values[0] % 4 == 0
+                starts.append(4 * values[0])
+            assert sorted(starts) == list(range(min(starts), min(starts) + 512, 16))
+            for quarter in range(4):
+                banks = [(a // 4 + w) % 32 for a in starts[8 * quarter: 8 * quarter + 8] for w in range(4)]
+                assert len(set(banks)) == 32, (warp, j, quarter)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_dq_fragment_order_candidate_compiles_clean(head_dim, causal):
+    # The sweep's candidate: 16-byte dQ stores into shared memory, half as many as the
+    # default's 8-byte ones, no spills, no serialised wgmma; its postprocess reads 16 bytes
+    # and stores two 4-byte pairs per load.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_postprocess_report, compile_backward_report
+
+    config = dataclasses.replace(backward_config(head_dim, causal), dq_fragment_order=True)
+    report = compile_backward_report(config)
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    part = config.dq_tile_geometry
+    assert len(re.findall(r"st\.shared\.v4\.[bf]32", report.ptx)) == 2 * part.part_rows * part.part_cols // (4 * 128)
+    assert not re.findall(r"st\.shared\.v2\.[bf]32", report.ptx)
+    post = compile_backward_postprocess_report("bfloat16", part)
+    assert post.spill_bytes == 0
+    loads = post.ptx.count("ld.global.v4.b32")
+    assert loads > 0 and post.ptx.count("st.global.b32") == 2 * loads
+    assert post.ptx.count("cvt.rn.bf16x2.f32") == 2 * loads

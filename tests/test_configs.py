@@ -86,3 +86,29 @@ def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):
 
     with pytest.raises(ValueError, match=message):
         Sm90ForwardConfig(head_dim=128, tile_n=128, **fields)
+
+
+def test_dq_register_order_geometry_reads_back_what_it_places():
+    # dq_fragment_order: the postprocess walks the accumulator in memory order and asks
+    # fragment_origin where each 16 bytes belong; the GPU test places values with offset.
+    # Both must be inverse to each other for every tile geometry of the selector.
+    import dataclasses
+
+    from flash4.backward import SUPPORTED_HEAD_DIMS, backward_config
+
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        geometry = dataclasses.replace(backward_config(head_dim, False), dq_fragment_order=True).dq_tile_geometry
+        rows = 2 * geometry.tile_m
+        place = {geometry.offset(r, c): (r, c) for r in range(rows) for c in range(head_dim)}
+        assert sorted(place) == list(range(rows * head_dim))
+        for index in range(rows * head_dim // 4):
+            row, col = geometry.fragment_origin(index)
+            got = [place[4 * index + e] for e in range(4)]
+            assert got == [(row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1)], (head_dim, index)
+
+
+def test_dq_register_order_needs_64_row_parts():
+    from flash4.kernels.configs import DQTileGeometry
+
+    with pytest.raises(ValueError, match="part_rows=128"):
+        DQTileGeometry(head_dim=128, tile_m=128, part_rows=128, part_cols=64, fragment_order=True)
