@@ -141,9 +141,8 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
-# A wgmma accumulator (m64nN) as its 128 threads hold it: lane l of warp w has rows
+# A wgmma accumulator (m64nN) as its warpgroup holds it: lane l of warp w has rows
 # 16w + l/4 and 16w + l/4 + 8, columns 8j + 2(l%4) and the next, four values per j.
-WGMMA_ROWS = 64
 FRAGMENT_VALUES = 4
 
 
@@ -155,7 +154,7 @@ def fragment_order_offset(row, col):
     half, lane_row = rest // 8, rest % 8
     block, pair, odd = col // 8, (col % 8) // 2, col % 2
     thread = 32 * warp + 4 * lane_row + pair
-    return FRAGMENT_VALUES * (WGMMA_ROWS * 2 * block + thread) + 2 * half + odd
+    return FRAGMENT_VALUES * (THREADS_PER_WARPGROUP * block + thread) + 2 * half + odd
 
 
 @dataclass(frozen=True)
@@ -174,8 +173,11 @@ class DQTileGeometry:
     fragment_order: bool = False
 
     def __post_init__(self) -> None:
-        if self.fragment_order and self.part_rows != WGMMA_ROWS:
-            raise ValueError(f"part_rows={self.part_rows}: register order needs one wgmma's {WGMMA_ROWS} rows per part")
+        if self.fragment_order and self.part_rows != ROWS_PER_CONSUMER_WARPGROUP:
+            raise ValueError(
+                f"part_rows={self.part_rows}: register order needs parts of one wgmma's "
+                f"{ROWS_PER_CONSUMER_WARPGROUP} rows"
+            )
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
@@ -193,12 +195,12 @@ class DQTileGeometry:
         row + 8 and both. A block of 64 rows is one part per column range, so its parts
         lie one after another."""
         per_part = self.part_rows * self.part_cols // FRAGMENT_VALUES
-        per_band = WGMMA_ROWS * self.head_dim // FRAGMENT_VALUES
+        per_band = ROWS_PER_CONSUMER_WARPGROUP * self.head_dim // FRAGMENT_VALUES
         band, rest = index // per_band, index % per_band
         part, inside = rest // per_part, rest % per_part
-        block, thread = inside // (2 * WGMMA_ROWS), inside % (2 * WGMMA_ROWS)
+        block, thread = inside // THREADS_PER_WARPGROUP, inside % THREADS_PER_WARPGROUP
         warp, lane = thread // 32, thread % 32
-        row = band * WGMMA_ROWS + 16 * warp + lane // 4
+        row = band * ROWS_PER_CONSUMER_WARPGROUP + 16 * warp + lane // 4
         col = part * self.part_cols + 8 * block + 2 * (lane % 4)
         return row, col
 

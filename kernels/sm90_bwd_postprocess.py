@@ -31,7 +31,7 @@ from cutlass import Float32
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
-from .configs import FRAGMENT_VALUES, WGMMA_ROWS, DQTileGeometry
+from .configs import FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP, DQTileGeometry
 from .wgmma import rows_first
 
 # Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
@@ -50,7 +50,7 @@ class Sm90BackwardPostprocess:
         self.vector = row_vector(Float32.width, self.head_dim)
         self.vectors_per_row = self.head_dim // self.vector
         self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
-        if geometry.fragment_order and (self.vector != FRAGMENT_VALUES or BLOCK_ROWS != WGMMA_ROWS):
+        if geometry.fragment_order and (self.vector != FRAGMENT_VALUES or BLOCK_ROWS != ROWS_PER_CONSUMER_WARPGROUP):
             raise ValueError(f"{geometry}: register order is read as 16-byte vectors of one 64-row block")
 
     @cute.jit

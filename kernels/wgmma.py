@@ -12,7 +12,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, FRAGMENT_VALUES, WGMMA_ROWS
+from .configs import (
+    ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP,
+    THREADS_PER_WARPGROUP,
+)
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
@@ -58,10 +61,12 @@ def fragment_tile_layout(cols: int, stages: int):
     bank conflicts. No swizzle; it leaves as one linear bulk copy."""
     if cols % 8:
         raise ValueError(f"cols={cols}: whole 8-column blocks of the accumulator")
-    threads = 2 * WGMMA_ROWS
+    lane, warp = FRAGMENT_VALUES, FRAGMENT_VALUES * 32  # offsets of the next lane and of the next warp
     outer = cute.make_layout(
+        # Rows: (lane row l/4, row half, warp); columns: (adjacent pair, lane l%4, 8-column block).
         ((8, 2, 4), (2, 4, cols // 8), stages),
-        stride=((4 * 4, 2, 4 * 32), (1, 4, FRAGMENT_VALUES * threads), WGMMA_ROWS * cols),
+        stride=((4 * lane, 2, warp), (1, lane, FRAGMENT_VALUES * THREADS_PER_WARPGROUP),
+                ROWS_PER_CONSUMER_WARPGROUP * cols),
     )
     return cute.make_composed_layout(cute.make_swizzle(0, FP32_ADDRESS_BITS + 2, 3), 0, outer)
 
