@@ -141,6 +141,10 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
+# Key blocks per cluster with multicast_pairs: the smallest cluster that shares a load.
+MULTICAST_PAIR = 2
+
+
 # A wgmma accumulator (m64nN) as its warpgroup holds it: lane l of warp w has rows
 # 16w + l/4 and 16w + l/4 + 8, columns 8j + 2(l%4) and the next, four values per j.
 FRAGMENT_VALUES = 4
@@ -243,10 +247,22 @@ class Sm90BackwardConfig:
     # ones; ncu at head dim 128: mio_throttle stalls twice flash-attn-4's, which stores
     # dQ so), and the postprocess reads that order. [Sweep candidate.]
     dq_fragment_order: bool = False
+    # Two CTAs of adjacent key blocks form a cluster and share every Q and dO tile (with
+    # its LSE and D): each loads half and multicasts it to both, so L2 serves those tiles
+    # once per pair (ncu at head dim 256, 16k: both flash4 and flash-attn-4 at 87-90% of
+    # L2's throughput). Not causal, where the two would start at different query blocks,
+    # and not deterministic, whose turns assume no CTA waits for a later one. [Sweep
+    # candidate.]
+    multicast_pairs: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
         return BACKWARD_CONSUMER_WARPGROUPS
+
+    @property
+    def cluster_ctas(self) -> int:
+        """CTAs per cluster: a pair of key blocks with multicast_pairs, else one."""
+        return MULTICAST_PAIR if self.multicast_pairs else 1
 
     @property
     def dq_tile_geometry(self) -> DQTileGeometry:
@@ -296,5 +312,10 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
+        if self.multicast_pairs and (self.causal or self.deterministic):
+            raise ValueError(
+                f"multicast_pairs=True: both key blocks of a pair walk the same query blocks, so "
+                f"not causal (got causal={self.causal}) nor deterministic (got {self.deterministic})"
+            )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

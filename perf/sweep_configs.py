@@ -51,7 +51,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # flash-attn-4 on those loads: -2% to +3% at head dims 128 and 256, 2k and 16k, 3 rounds;
 # -bwd-sweep-stats-early.json). (Deterministic cost 0.59-0.74x; the README has it.)
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    head_dim: [dict(), dict(dq_fragment_order=True)] for head_dim in (64, 128, 256)
+    64: [dict(), dict(dq_fragment_order=True)],
+    128: [dict(), dict(dq_fragment_order=True), dict(multicast_pairs=True)],
+    256: [dict(), dict(dq_fragment_order=True), dict(multicast_pairs=True)],
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
@@ -188,7 +190,11 @@ def main() -> None:
             base_config = backward_config(shape.head_dim, shape.causal)
             for change in BACKWARD_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
-                providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
+                try:
+                    config = dataclasses.replace(base_config, **change)
+                except ValueError:
+                    continue  # a candidate that does not apply to this shape (multicast_pairs, causal)
+                providers[label] = backward_candidate(config, diffs, label)
         elif args.pass_ == "fp8":
             from flash4.dispatch import FP8_DTYPE
 

@@ -389,3 +389,26 @@ def test_dq_fragment_order_candidate_compiles_clean(head_dim, causal):
     loads = post.ptx.count("ld.global.v4.b32")
     assert loads > 0 and post.ptx.count("st.global.b32") == 2 * loads
     assert post.ptx.count("cvt.rn.bf16x2.f32") == 2 * loads
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
+def test_multicast_pairs_candidate_compiles_clean(head_dim, grouped):
+    # The sweep's candidate: Q, dO, LSE and D arrive by multicast TMA (this CTA's share into
+    # both of the pair), K and V as before; the barriers are initialised and the CTA exits
+    # behind cluster barriers, and a consumer warp releases a stage in both CTAs (a remote
+    # arrive). No spills, no serialised wgmma.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = dataclasses.replace(backward_config(head_dim, False, grouped), multicast_pairs=True)
+    report = compile_backward_report(config)
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    ptx = report.ptx
+    multicast = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cluster\.global\.\S*multicast::cluster", ptx)
+    assert multicast.count("3") == 2 and multicast.count("4") >= 2
+    assert "cp.async.bulk.tensor.4d.shared::cta.global" in ptx  # K and V, this CTA's alone
+    assert ptx.count("barrier.cluster.wait") == 2
+    assert re.search(r"mbarrier\.arrive[^;]*shared::cluster", ptx)

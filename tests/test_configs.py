@@ -112,3 +112,17 @@ def test_dq_register_order_needs_64_row_parts():
 
     with pytest.raises(ValueError, match="part_rows=128"):
         DQTileGeometry(head_dim=128, tile_m=128, part_rows=128, part_cols=64, fragment_order=True)
+
+
+@pytest.mark.parametrize("changes", (dict(causal=True), dict(deterministic=True)), ids=("causal", "deterministic"))
+def test_multicast_pairs_refuses_what_a_pair_cannot_share(changes):
+    # A pair walks one sequence of query blocks together: causal blocks start apart, and
+    # deterministic turns assume no CTA waits for a later one.
+    import dataclasses
+
+    from flash4.backward import backward_config
+
+    config = dataclasses.replace(backward_config(256, False), **changes)
+    with pytest.raises(ValueError, match="multicast_pairs=True"):
+        dataclasses.replace(config, multicast_pairs=True)
+    assert dataclasses.replace(backward_config(256, False), multicast_pairs=True).cluster_ctas == 2
