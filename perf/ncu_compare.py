@@ -8,6 +8,9 @@ On the GPU machine (``profile_once.py`` runs flash4 and a peer on the same tenso
     ncu -i run.ncu-rep --page raw --csv > raw.csv
     ncu -i run.ncu-rep --page source --print-source sass --csv > sass.csv
 
+(Several profiles from one device call: tar their folders into one file under $OUT; the
+device tool brings back only a few files per call.)
+
 Then, anywhere:
 
     python perf/ncu_compare.py --dir DIR [--kernels flash4 flash_attn] [--top 12]
@@ -125,6 +128,9 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, required=True, help="holds details.csv, raw.csv, sass.csv")
     parser.add_argument("--kernels", nargs=2, default=("flash4", "flash_attn"), help="substrings of the names")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--stalls", nargs="+", default=None, metavar="REASON",
+                        help="list these reasons' hottest instructions (e.g. long_scoreboard wait) instead of "
+                             "the three where the first kernel trails most; 'all' for every sample")
     args = parser.parse_args()
     wanted = list(args.kernels)
     columns = " | ".join(f"{w:>18s}" for w in wanted)
@@ -167,11 +173,13 @@ def main() -> None:
     for op in sorted(set(counts[0]) | set(counts[1]), key=lambda o: -(counts[0][o] + counts[1][o]))[: args.top * 2]:
         print(f"  {op:12s} {counts[0][op] / 1e6:10.3f} | {counts[1][op] / 1e6:10.3f}")
 
-    # The stall reasons where the first kernel collects the most samples beyond the second.
-    gaps = sorted(reasons, key=lambda r: -(stalls[0].get(r, 0) - stalls[1].get(r, 0)))[:3]
+    # The stall reasons where the first kernel collects the most samples beyond the second,
+    # or the ones asked for.
+    gaps = args.stalls or sorted(reasons, key=lambda r: -(stalls[0].get(r, 0) - stalls[1].get(r, 0)))[:3]
     for reason in gaps:
         column = {"short_scoreboard": "stall_short_sb", "long_scoreboard": "stall_long_sb", "mio_throttle": "stall_mio",
-                  "math_pipe_throttle": "stall_math", "dispatch_stall": "stall_dispatch"}.get(reason, f"stall_{reason}")
+                  "math_pipe_throttle": "stall_math", "dispatch_stall": "stall_dispatch",
+                  "all": "Warp Stall Sampling (All Samples)"}.get(reason, f"stall_{reason}")
         for w, rows in zip(wanted, instructions):
             if column not in rows[0]:
                 continue
