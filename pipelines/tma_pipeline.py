@@ -41,28 +41,26 @@ def make_tma_ring(
         raise ValueError(f"consumer_threads={consumer_threads} is not a whole number of warps")
     if stages < 1:
         raise ValueError(f"stages={stages}: a ring needs at least one stage")
+    consumers = consumer_threads // THREADS_PER_WARP
+    multicast = {}
     if multicast_ctas > 1:
-        return cpipe.PipelineTmaAsync.create(
-            barrier_storage=barriers,
-            num_stages=stages,
-            producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
-            consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumer_threads),
-            tx_count=tx_bytes,
-            # The cluster's CTAs along one mode of (v, m, n, k), each stage multicast to all.
+        # The cluster's CTAs along one mode of (v, m, n, k), each stage multicast to all;
+        # CUTLASS derives the arrive count from the consumer threads.
+        consumers = consumer_threads
+        multicast = dict(
             cta_layout_vmnk=cute.make_layout((1, multicast_ctas, 1, 1)),
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=True,
-            defer_sync=True,
         )
-    consumer_warps = consumer_threads // THREADS_PER_WARP
     return cpipe.PipelineTmaAsync.create(
         barrier_storage=barriers,
         num_stages=stages,
         producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
-        consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumer_warps),
+        consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumers),
         tx_count=tx_bytes,
         # The kernel fences and syncs once after initialising every ring.
         defer_sync=True,
+        **multicast,
     )
 
 
