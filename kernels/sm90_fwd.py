@@ -384,9 +384,8 @@ class Sm90ForwardKernel:
         # others by the tile before; ``first`` holds it.
         first = None
         if cutlass.const_expr(self.config.overlap_epilogue):
-            wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
             first = cute.make_rmem_tensor(
-                tiled_mma_qk.get_slice(wg_threads(warpgroup_idx)).partition_shape_C((self.tile_m, self.tile_n)), Float32
+                self.warpgroup_slice(tiled_mma_qk, warpgroup_idx).partition_shape_C((self.tile_m, self.tile_n)), Float32
             )
             self.issue_first_s(
                 scheduler, self.keyed_position(scheduler, position, seqlen_q, seqlen_k), tiled_mma_qk, rings,
@@ -536,10 +535,14 @@ class Sm90ForwardKernel:
         return q_state
 
     # ------------------------------------------------------------------ consumers
+    def warpgroup_slice(self, tiled_mma: cute.TiledMma, warpgroup_idx: Int32):
+        """The consumer warpgroup's slice of ``tiled_mma``: its 64 rows."""
+        wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
+        return tiled_mma.get_slice(wg_threads(warpgroup_idx))
+
     def q_fragment(self, tiled_mma_qk: cute.TiledMma, rings: Rings, q_slot, warpgroup_idx: Int32) -> cute.Tensor:
         """The warpgroup's A operand of S = Q Kᵀ: its 64 rows of the Q in ``q_slot``."""
-        wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
-        wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
+        wg_mma_qk = self.warpgroup_slice(tiled_mma_qk, warpgroup_idx)
         return wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ[None, None, q_slot]))
 
     @cute.jit
@@ -554,9 +557,8 @@ class Sm90ForwardKernel:
     ) -> ConsumerOperands:
         """``q_slot``: the slot of Q's ring that holds this tile's Q."""
         # Each warpgroup's MMA slice: its 64 rows of Q and of S, O.
-        wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
-        wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
-        wg_mma_pv = tiled_mma_pv.get_slice(wg_threads(warpgroup_idx))
+        wg_mma_qk = self.warpgroup_slice(tiled_mma_qk, warpgroup_idx)
+        wg_mma_pv = self.warpgroup_slice(tiled_mma_pv, warpgroup_idx)
         sVt = self.v_operand(rings.sV)
         acc_o = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         # O starts at zero so every P V GEMM accumulates; one fill per tile is cheaper than
@@ -669,8 +671,7 @@ class Sm90ForwardKernel:
             rings.q.consumer_wait(q_state)
             rings.k.consumer_wait(k_state)
         q = self.q_fragment(tiled_mma_qk, rings, self.q_slot(q_state), warpgroup_idx)
-        wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
-        wg_mma_qk = tiled_mma_qk.get_slice(wg_threads(warpgroup_idx))
+        wg_mma_qk = self.warpgroup_slice(tiled_mma_qk, warpgroup_idx)
         k = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK))
         warpgroup_gemm(tiled_mma_qk, first, q, k[None, None, None, k_state.index], True)
 
