@@ -53,12 +53,6 @@ class Sm90ForwardConfig:
     # short tiles (ncu at seqlen 512: 3% of the consumers' stall samples on Q's barrier) do
     # not start by waiting for it (flash4/dispatch.py has the sweep).
     q_stages: int = 1
-    # The next tile's first S GEMM is issued with this tile's last P V, so it runs under this
-    # tile's epilogue instead of starting the next tile unoverlapped (ncu at head dim 64,
-    # causal, 512: the first block, whose S GEMM nothing hides, held 30% of the consumers'
-    # stall samples). Needs the next tile's Q in its own slot (q_stages >= 2). [Sweep
-    # candidate.]
-    overlap_epilogue: bool = False
     # e4m3 Q, K and V (V given transposed, keys contiguous: FP8 wgmma reads both operands
     # K-major) with one descale per tile, and a 16-bit O (kernels/sm90_fwd_fp8.py).
     fp8: bool = False
@@ -110,10 +104,6 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_stages={self.q_stages}: at least 1; more only when persistent with O in its own buffer "
                 "(O staged in Q's buffer ties Q's release to the store)"
-            )
-        if self.overlap_epilogue and self.q_stages < 2:
-            raise ValueError(
-                f"overlap_epilogue=True: the next tile's Q needs a slot of its own (q_stages={self.q_stages})"
             )
         if self.head_dim % 8 or not 8 <= self.head_dim <= 256:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")

@@ -380,17 +380,6 @@ class Sm90ForwardKernel:
         q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
         position = scheduler.first()
-        # overlap_epilogue: every tile's first S is issued ahead, the CTA's first here, the
-        # others by the tile before; ``first`` holds it.
-        first = None
-        if cutlass.const_expr(self.config.overlap_epilogue):
-            first = cute.make_rmem_tensor(
-                self.warpgroup_slice(tiled_mma_qk, warpgroup_idx).partition_shape_C((self.tile_m, self.tile_n)), Float32
-            )
-            self.issue_first_s(
-                scheduler, self.keyed_position(scheduler, position, seqlen_q, seqlen_k), tiled_mma_qk, rings,
-                q_state, kv_state, first, warpgroup_idx,
-            )
         while position < scheduler.end():
             if scheduler.valid(position):
                 tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
@@ -402,13 +391,7 @@ class Sm90ForwardKernel:
                 lse.fill(-Float32.inf)
                 if tile.n_block_max > 0:
                     softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
-                    following = None
-                    if cutlass.const_expr(self.config.overlap_epilogue):
-                        following = self.keyed_position(scheduler, scheduler.next(position), seqlen_q, seqlen_k)
-                    q_state, kv_state = self.mainloop(
-                        ops, rings, tile, lse, softmax, pingpong, q_state, kv_state, first, following, scheduler,
-                        warpgroup_idx,
-                    )
+                    q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
                 elif cutlass.const_expr(self.q_freed_by_store):
                     rings.q.consumer_wait(q_state)
                 self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
@@ -418,9 +401,6 @@ class Sm90ForwardKernel:
                         rings.q.consumer_release(q_state)
                     q_state.advance()
             position = scheduler.next(position)
-        if cutlass.const_expr(self.config.overlap_epilogue):
-            # The S issued past the CTA's last tile (on whatever shared memory held).
-            warpgroup.wait_group(0)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if tidx == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -540,11 +520,6 @@ class Sm90ForwardKernel:
         wg_threads = cute.make_layout(self.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         return tiled_mma.get_slice(wg_threads(warpgroup_idx))
 
-    def q_fragment(self, tiled_mma_qk: cute.TiledMma, rings: Rings, q_slot, warpgroup_idx: Int32) -> cute.Tensor:
-        """The warpgroup's A operand of S = Q Kᵀ: its 64 rows of the Q in ``q_slot``."""
-        wg_mma_qk = self.warpgroup_slice(tiled_mma_qk, warpgroup_idx)
-        return wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ[None, None, q_slot]))
-
     @cute.jit
     def consumer_operands(
         self,
@@ -568,7 +543,7 @@ class Sm90ForwardKernel:
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
-            tSrQ=self.q_fragment(tiled_mma_qk, rings, q_slot, warpgroup_idx),
+            tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ[None, None, q_slot])),
             tSrK=wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK)),
             tOrVt=wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt)),
             s_shape=wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
@@ -593,26 +568,16 @@ class Sm90ForwardKernel:
         pingpong: WarpgroupPingPong,
         q_state,
         state,
-        first=None,
-        following=None,
-        scheduler=None,
-        warpgroup_idx=None,
     ):
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
-        Returns the Q and K/V rings' states for the next tile.
-
-        overlap_epilogue: the first block's S is ``first``, issued ahead; the next keyed
-        tile's (at position ``following``) is issued into it with the last P V."""
+        Returns the Q and K/V rings' states for the next tile."""
         rings.q.consumer_wait(q_state)
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
         rings.k.consumer_wait(state)
-        if cutlass.const_expr(self.config.overlap_epilogue):
-            acc_s = first
-        else:
-            acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
-            warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+        acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
+        warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         block = softmax.block_inputs(n_block)
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
@@ -636,44 +601,11 @@ class Sm90ForwardKernel:
         # The last block's P V.
         rings.v.consumer_wait(state)
         warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
-        if cutlass.const_expr(self.config.overlap_epilogue):
-            # The next keyed tile's first S runs on under this tile's epilogue; groups
-            # complete in order, so waiting for all but one waits for P V.
-            next_k = state.clone()
-            next_k.advance()
-            self.issue_first_s(scheduler, following, ops.tiled_mma_qk, rings, q_state, next_k, first, warpgroup_idx)
-            warpgroup.wait_group(1)
-        else:
-            warpgroup.wait_group(0)
+        warpgroup.wait_group(0)
         rings.v.consumer_release(state)
         state.advance()
         softmax.rescale(ops.acc_o, softmax.finalize(lse))
         return q_state, state
-
-    @cute.jit
-    def keyed_position(self, scheduler: TileScheduler, position: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        """The first position from ``position`` on that names a tile with keys (or end())."""
-        found = position
-        while found < scheduler.end() and not (
-            scheduler.valid(found) and self.key_block_end(scheduler.tile(found)[0], seqlen_q, seqlen_k) > 0
-        ):
-            found = scheduler.next(found)
-        return found
-
-    @cute.jit
-    def issue_first_s(self, scheduler: TileScheduler, position: Int32, tiled_mma_qk: cute.TiledMma, rings: Rings,
-                      q_state, k_state, first: cute.Tensor, warpgroup_idx: Int32):
-        """overlap_epilogue: S of the first block of the tile at ``position`` into ``first``,
-        on the Q and K that ``q_state`` and ``k_state`` name. Past the CTA's last tile it is
-        issued all the same, unwaited, on stale shared memory that nothing writes any more,
-        and never read: no branch around the wgmma, which ptxas would serialise."""
-        if position < scheduler.end():
-            rings.q.consumer_wait(q_state)
-            rings.k.consumer_wait(k_state)
-        q = self.q_fragment(tiled_mma_qk, rings, self.q_slot(q_state), warpgroup_idx)
-        wg_mma_qk = self.warpgroup_slice(tiled_mma_qk, warpgroup_idx)
-        k = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK))
-        warpgroup_gemm(tiled_mma_qk, first, q, k[None, None, None, k_state.index], True)
 
     @cute.jit
     def step(

@@ -25,7 +25,6 @@ segments=(
   "fp8|300|tests/test_fp8_gpu.py"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
   "bwdcandidates|240|tests/test_bwd_gpu.py -k candidate"
-  "fwdcandidates|120|tests/test_fwd_gpu.py -k candidate"
 )
 
 wanted=("$@")

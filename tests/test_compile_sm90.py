@@ -412,21 +412,3 @@ def test_multicast_pairs_candidate_compiles_clean(head_dim, grouped):
     assert "cp.async.bulk.tensor.4d.shared::cta.global" in ptx  # K and V, this CTA's alone
     assert ptx.count("barrier.cluster.wait") == 2
     assert re.search(r"mbarrier\.arrive[^;]*shared::cluster", ptx)
-
-
-@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_overlap_epilogue_candidate_compiles_clean(dtype, head_dim, causal):
-    # The sweep's candidate: the next tile's first S in flight across the epilogue and the
-    # loop's back edge. ptxas serialises wgmma issued under a run-time branch, so the S past
-    # a CTA's last tile is issued all the same; no spills either.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-    from flash4.dispatch import select
-
-    entry = select("sm_90a", dtype, head_dim, causal, 512)
-    config = dataclasses.replace(entry.config, q_stages=2, overlap_epilogue=True)
-    report = compile_entry(dataclasses.replace(entry, config=config))
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0

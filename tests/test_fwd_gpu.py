@@ -285,16 +285,3 @@ def test_other_rescale_setting_matches_reference(head_dim, causal, seqlen_q, seq
 
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.rescale_when_needed
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, rescale_when_needed=not default)
-
-
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((512, 512), (1000, 1000), (1100, 700), (1100, 1100), (1000, 17), (17, 1000), (4096, 128))
-)
-def test_overlap_epilogue_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
-    # The sweep's candidate (perf/sweep_configs.py): each tile's first S GEMM is issued by
-    # the tile before, under its epilogue. Many tiles per CTA (512, 17 keys), tiles that see
-    # no key between two that do (1100 x 700, causal), the odd causal pair's middle block
-    # (1100), and a CTA whose last tile issues an S that nothing reads.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=True, q_stages=2, overlap_epilogue=True)
