@@ -141,72 +141,25 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
-# Key blocks per cluster with multicast_pairs: the smallest cluster that shares a load.
-MULTICAST_PAIR = 2
-
-
-# A wgmma accumulator (m64nN) as its warpgroup holds it: lane l of warp w has rows
-# 16w + l/4 and 16w + l/4 + 8, columns 8j + 2(l%4) and the next, four values per j.
-FRAGMENT_VALUES = 4
-
-
-def fragment_order_offset(row, col):
-    """The element offset of (row, col) in one 64-row accumulator tile stored in register
-    order (``wgmma.fragment_tile_layout``): thread t's four values of column block j at
-    4 (128 j + t). Python ints, Int32 or integer torch tensors."""
-    warp, rest = row // 16, row % 16
-    half, lane_row = rest // 8, rest % 8
-    block, pair, odd = col // 8, (col % 8) // 2, col % 2
-    thread = 32 * warp + 4 * lane_row + pair
-    return FRAGMENT_VALUES * (THREADS_PER_WARPGROUP * block + thread) + 2 * half + odd
-
-
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
     ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
     stored one after another (row-major over the grid of parts), each part in
-    ``kernels.wgmma.accumulator_tile_layout`` or, with ``fragment_order``, in the order
-    the warpgroup's threads hold it (``wgmma.fragment_tile_layout``). The main kernel
-    writes it, the postprocess reads it."""
+    ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
+    reads it."""
 
     head_dim: int
     tile_m: int
     part_rows: int
     part_cols: int
-    fragment_order: bool = False
-
-    def __post_init__(self) -> None:
-        if self.fragment_order and self.part_rows != ROWS_PER_CONSUMER_WARPGROUP:
-            raise ValueError(
-                f"part_rows={self.part_rows}: register order needs parts of one wgmma's "
-                f"{ROWS_PER_CONSUMER_WARPGROUP} rows"
-            )
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
         block, row_in_block = row // self.tile_m, row % self.tile_m
         part = (row_in_block // self.part_rows) * (self.head_dim // self.part_cols) + col // self.part_cols
-        if self.fragment_order:
-            inside = fragment_order_offset(row_in_block % self.part_rows, col % self.part_cols)
-        else:
-            inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
+        inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
         return block * (self.tile_m * self.head_dim) + part * (self.part_rows * self.part_cols) + inside
-
-    def fragment_origin(self, index):
-        """With ``fragment_order``: the (row, col) of the first of the four values at
-        ``FRAGMENT_VALUES * index`` in a head's accumulator; the others are at col + 1,
-        row + 8 and both. A block of 64 rows is one part per column range, so its parts
-        lie one after another."""
-        per_part = self.part_rows * self.part_cols // FRAGMENT_VALUES
-        per_band = ROWS_PER_CONSUMER_WARPGROUP * self.head_dim // FRAGMENT_VALUES
-        band, rest = index // per_band, index % per_band
-        part, inside = rest // per_part, rest % per_part
-        block, thread = inside // THREADS_PER_WARPGROUP, inside % THREADS_PER_WARPGROUP
-        warp, lane = thread // 32, thread % 32
-        row = band * ROWS_PER_CONSUMER_WARPGROUP + 16 * warp + lane // 4
-        col = part * self.part_cols + 8 * block + 2 * (lane % 4)
-        return row, col
 
 
 @dataclass(frozen=True)
@@ -242,35 +195,18 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
-    # dQ's shared-memory tile holds each thread's accumulator values in register order, so
-    # a thread stores four at a time (16-byte stores, half the instructions of the 8-byte
-    # ones; ncu at head dim 128: mio_throttle stalls twice flash-attn-4's, which stores
-    # dQ so), and the postprocess reads that order. [Sweep candidate.]
-    dq_fragment_order: bool = False
-    # Two CTAs of adjacent key blocks form a cluster and share every Q and dO tile (with
-    # its LSE and D): each loads half and multicasts it to both, so L2 serves those tiles
-    # once per pair (ncu at head dim 256, 16k: both flash4 and flash-attn-4 at 87-90% of
-    # L2's throughput). Not causal, where the two would start at different query blocks,
-    # and not deterministic, whose turns assume no CTA waits for a later one. [Sweep
-    # candidate.]
-    multicast_pairs: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
         return BACKWARD_CONSUMER_WARPGROUPS
 
     @property
-    def cluster_ctas(self) -> int:
-        """CTAs per cluster: a pair of key blocks with multicast_pairs, else one."""
-        return MULTICAST_PAIR if self.multicast_pairs else 1
-
-    @property
     def dq_tile_geometry(self) -> DQTileGeometry:
         """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows."""
         wgs = self.consumer_warpgroups
         if self.dq_rows:
-            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim, self.dq_fragment_order)
-        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs, self.dq_fragment_order)
+            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
+        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
 
     @property
     def row_stage_bytes(self) -> int:
@@ -312,10 +248,5 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
-        if self.multicast_pairs and (self.causal or self.deterministic):
-            raise ValueError(
-                f"multicast_pairs=True: both key blocks of a pair walk the same query blocks, so "
-                f"not causal (got causal={self.causal}) nor deterministic (got {self.deterministic})"
-            )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -58,14 +58,12 @@ from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init,
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bulk_reduce import bulk_reduce_add_f32
 from .configs import (
-    BACKWARD_DS_STAGES, FP32_BYTES, FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES,
-    Sm90BackwardConfig,
+    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig,
 )
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import (
-    SMEM_ALIGN_BYTES, accumulator_tile_layout, fragment_tile_layout, rows_first, smem_tile_layout, tma_tile,
-    warpgroup_gemm,
+    SMEM_ALIGN_BYTES, accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
 )
 
 # The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
@@ -105,8 +103,7 @@ class DQReduction:
     """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
     the TMA engine adds into this head's accumulator, a part at a time as one linear bulk
     reduction. The accumulator holds each query block's parts in order, each laid out as
-    in shared memory (``accumulator_tile_layout`` or ``fragment_tile_layout``; the
-    postprocess reads it so)."""
+    in shared memory (``accumulator_tile_layout``; the postprocess reads it so)."""
 
     smem: cute.Tensor
     accum: cute.Tensor
@@ -208,9 +205,6 @@ class Sm90BackwardKernel:
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
-        # A thread's dQ values leave for shared memory two at a time (adjacent columns), or
-        # in register order four (both rows of a column pair).
-        self.dq_store_bits = (FRAGMENT_VALUES if config.dq_fragment_order else 2) * Float32.width
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -274,27 +268,16 @@ class Sm90BackwardKernel:
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
         # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
         dq = self.config.dq_tile_geometry
-        if cutlass.const_expr(dq.fragment_order):
-            sdQ_layout = fragment_tile_layout(dq.part_cols, wgs)
-        else:
-            sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
+        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
-        # Q, dO and their rows: with multicast_pairs, each CTA of a pair loads its share of a
-        # tile into both.
-        ctas = self.config.cluster_ctas
-        load_shared = cpasync.CopyBulkTensorTileG2SMulticastOp() if ctas > 1 else load
-        atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            load_shared, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim), ctas
-        )
-        atom_do, tma_do = cpasync.make_tiled_tma_atom(
-            load_shared, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim), ctas
-        )
+        atom_q, tma_q = cpasync.make_tiled_tma_atom(load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
         # A query block's LSE·log2(e) and D come with its Q and dO tiles, on their barriers.
-        atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load_shared, mLSELog2, row_layout, (self.tile_m,), ctas)
-        atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load_shared, mD, row_layout, (self.tile_m,), ctas)
+        atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load, mLSELog2, row_layout, (self.tile_m,))
+        atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load, mD, row_layout, (self.tile_m,))
         atom_k, tma_k = cpasync.make_tiled_tma_atom(load, mK, sK_layout, (self.tile_n, self.head_dim))
         atom_v, tma_v = cpasync.make_tiled_tma_atom(load, mV, sK_layout, (self.tile_n, self.head_dim))
         # dK, dV: stored through shared memory by TMA, or (kv_accumulate) added in fp32
@@ -307,13 +290,6 @@ class Sm90BackwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + row_bytes
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
-        key_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
-        cluster = {}
-        if cutlass.const_expr(ctas > 1):
-            # Whole pairs: a key block past seqlen_k masks every key, adds zeros to dQ and
-            # stores nothing.
-            key_blocks = cute.ceil_div(key_blocks, ctas) * ctas
-            cluster = dict(cluster=[ctas, 1, 1])
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQTurns, mdKVTurns,
             atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta,
@@ -322,11 +298,10 @@ class Sm90BackwardKernel:
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout),
         ).launch(
-            grid=(key_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3])),
+            grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])),
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
-            **cluster,
         )
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
@@ -400,13 +375,8 @@ class Sm90BackwardKernel:
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         kv_ring = make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads)
-        ctas = self.config.cluster_ctas
-        q_ring = make_tma_ring(
-            storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads, ctas
-        )
-        do_ring = make_tma_ring(
-            storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads, ctas
-        )
+        q_ring = make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads)
+        do_ring = make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -416,7 +386,7 @@ class Sm90BackwardKernel:
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(self.row_ring_layout(self.config.q_stages))
         sD = storage.sD.get_tensor(self.row_ring_layout(self.config.do_stages))
-        finish_init(cluster=ctas > 1)
+        finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
@@ -444,11 +414,6 @@ class Sm90BackwardKernel:
                 kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
                 softmax_scale, block, m_begin, m_end, tidx,
             )
-        if cutlass.const_expr(ctas > 1):
-            # The other CTA's consumers arrive on this one's *empty* barriers until they
-            # release their last stage: its shared memory must outlive them.
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -465,57 +430,33 @@ class Sm90BackwardKernel:
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
-        # With multicast_pairs, this CTA's place in its pair: which share of a tile it loads.
-        rank = 0
-        if cutlass.const_expr(self.config.cluster_ctas > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
             q_ring.producer_acquire(q_state)
             self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
-                           q_ring, q_state, rank)
-            self.load_rows(atom_lse, sLSE[None, q_state.index], mLSELog2[None, head, batch], m_block, q_ring, q_state,
-                           rank)
+                           q_ring, q_state)
+            self.load_rows(atom_lse, sLSE[None, q_state.index], mLSELog2[None, head, batch], m_block, q_ring, q_state)
             q_state.advance()
             do_ring.producer_acquire(do_state)
             self.load_tile(atom_do, sdO[None, None, do_state.index], mdO[None, None, head, batch], self.tile_m,
-                           m_block, do_ring, do_state, rank)
-            self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state,
-                           rank)
+                           m_block, do_ring, do_state)
+            self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state)
             do_state.advance()
 
     @cute.jit
-    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state, rank=None):
+    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
         """TMA of the (rows, head_dim) tile ``block`` of ``gmem`` into ``smem``, counted on
-        ``ring``'s barrier at ``state`` (acquired by the caller). Given the CTA's ``rank``
-        in its pair (multicast_pairs): its share, into both CTAs."""
-        ctas = self.config.cluster_ctas
-        if cutlass.const_expr(rank is not None and ctas > 1):
-            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block, 0, rank, ctas)
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state), mcast_mask=self.pair_mask())
-        else:
-            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
-
-    def pair_mask(self) -> cutlass.Int16:
-        """A multicast's destinations: every CTA of the cluster."""
-        return cutlass.Int16((1 << self.config.cluster_ctas) - 1)
+        ``ring``'s barrier at ``state`` (acquired by the caller)."""
+        s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
+        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
     @cute.jit
-    def load_rows(self, atom, smem, gmem, block: Int32, ring, state, rank):
-        """TMA of the ``tile_m`` per-row values of query block ``block`` of ``gmem``; with
-        multicast_pairs, the share of the CTA ranked ``rank`` into both CTAs of the pair."""
+    def load_rows(self, atom, smem, gmem, block: Int32, ring, state):
+        """TMA of the ``tile_m`` per-row values of query block ``block`` of ``gmem``."""
         tiles = cute.local_tile(gmem, (self.tile_m,), (block,))
-        ctas = self.config.cluster_ctas
-        if cutlass.const_expr(ctas > 1):
-            s_tile, g_tile = cpasync.tma_partition(
-                atom, rank, cute.make_layout(ctas), cute.group_modes(smem, 0, 1), cute.group_modes(tiles, 0, 1)
-            )
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state), mcast_mask=self.pair_mask())
-        else:
-            s_tile, g_tile = cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 1), cute.group_modes(tiles, 0, 1)
-            )
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
+        s_tile, g_tile = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 1), cute.group_modes(tiles, 0, 1)
+        )
+        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -591,11 +532,9 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent fp32 columns as one 8-byte store; in register order, both
-            # rows' pairs as one 16-byte store.
+            # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=self.dq_store_bits),
-                tiled_mma_dq,
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )

@@ -13,10 +13,6 @@ nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
 
 One CTA per (block of rows, head, batch); consecutive threads take consecutive 16 bytes of
 a row, so the stores are coalesced and the loads read whole 16-byte units of one tile.
-
-A tile in register order (``DQTileGeometry.fragment_order``) is read in its own order
-instead: consecutive threads take consecutive 16 bytes of the block's 64 rows, each four
-values of two rows (``fragment_origin``), and store two 4-byte pairs.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from cutlass import Float32
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
-from .configs import FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP, DQTileGeometry
+from .configs import DQTileGeometry
 from .wgmma import rows_first
 
 # Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
@@ -50,8 +46,6 @@ class Sm90BackwardPostprocess:
         self.vector = row_vector(Float32.width, self.head_dim)
         self.vectors_per_row = self.head_dim // self.vector
         self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
-        if geometry.fragment_order and (self.vector != FRAGMENT_VALUES or BLOCK_ROWS != ROWS_PER_CONSUMER_WARPGROUP):
-            raise ValueError(f"{geometry}: register order is read as 16-byte vectors of one 64-row block")
 
     @cute.jit
     def __call__(
@@ -79,61 +73,22 @@ class Sm90BackwardPostprocess:
         end_row = first_row + BLOCK_ROWS
         if mdQ.shape[0] < end_row:
             end_row = mdQ.shape[0]
-        accum, dq = mAccum[batch, head, None], mdQ[None, None, head, batch]
-        if cutlass.const_expr(self.geometry.fragment_order):
-            self.convert_fragments(accum, dq, softmax_scale, m_block, end_row, tidx)
-        else:
-            self.convert_rows(accum, dq, softmax_scale, first_row, end_row, tidx)
-
-    @cute.jit
-    def convert_rows(self, accum: cute.Tensor, dq: cute.Tensor, softmax_scale: Float32, first_row, end_row, tidx):
-        """The block's rows from tiles in ``accumulator_tile_layout``: 16 bytes of one row a
-        thread per turn."""
         for turns in load_batches(self.turns):
-            values = [cute.make_rmem_tensor(cute.make_layout(self.vector), Float32) for _ in turns]
-            for value, turn in zip(values, turns):
+            accums = [cute.make_rmem_tensor(cute.make_layout(self.vector), Float32) for _ in turns]
+            for accum, turn in zip(accums, turns):
                 index = turn * THREADS + tidx
                 row = first_row + index // self.vectors_per_row
                 if row < end_row:
                     column = index % self.vectors_per_row
                     offset = self.geometry.offset(row, column * self.vector)
-                    cute.autovec_copy(cute.local_tile(accum, (self.vector,), (offset // self.vector,)), value)
-            for value, turn in zip(values, turns):
+                    cute.autovec_copy(cute.local_tile(mAccum[batch, head, None], (self.vector,), (offset // self.vector,)), accum)
+            for accum, turn in zip(accums, turns):
                 index = turn * THREADS + tidx
                 row = first_row + index // self.vectors_per_row
                 if row < end_row:
                     column = index % self.vectors_per_row
                     scaled = cute.make_rmem_tensor(cute.make_layout(self.vector), Float32)
-                    scaled.store(value.load() * softmax_scale)
-                    out = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-                    convert_packed(scaled, out)
-                    cute.autovec_copy(out, cute.local_tile(dq[row, None], (self.vector,), (column,)))
-
-    @cute.jit
-    def convert_fragments(self, accum: cute.Tensor, dq: cute.Tensor, softmax_scale: Float32, m_block, end_row,
-                          tidx):
-        """The block's 64 rows from a tile in register order: 16 bytes a thread per turn, four
-        values of rows r and r + 8 in two adjacent columns; a row past ``end_row`` (the last
-        block's padding) is neither stored nor, when both are, read."""
-        pair = FRAGMENT_VALUES // 2
-        first = m_block * (BLOCK_ROWS * self.vectors_per_row)
-        for turns in load_batches(self.turns):
-            values = [cute.make_rmem_tensor(cute.make_layout(FRAGMENT_VALUES), Float32) for _ in turns]
-            for value, turn in zip(values, turns):
-                index = first + turn * THREADS + tidx
-                row, col = self.geometry.fragment_origin(index)
-                if row < end_row:
-                    cute.autovec_copy(cute.local_tile(accum, (FRAGMENT_VALUES,), (index,)), value)
-            for value, turn in zip(values, turns):
-                index = first + turn * THREADS + tidx
-                row, col = self.geometry.fragment_origin(index)
-                if row < end_row:
-                    scaled = cute.make_rmem_tensor(cute.make_layout(FRAGMENT_VALUES), Float32)
-                    scaled.store(value.load() * softmax_scale)
-                    out = cute.make_rmem_tensor(cute.make_layout(FRAGMENT_VALUES), self.dtype)
-                    convert_packed(scaled, out)
-                    # Values 0, 1: row r; 2, 3: row r + 8.
-                    halves = cute.logical_divide(out, cute.make_layout(pair))
-                    cute.autovec_copy(halves[None, 0], cute.local_tile(dq[row, None], (pair,), (col // pair,)))
-                    if row + 8 < end_row:
-                        cute.autovec_copy(halves[None, 1], cute.local_tile(dq[row + 8, None], (pair,), (col // pair,)))
+                    scaled.store(accum.load() * softmax_scale)
+                    dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+                    convert_packed(scaled, dq)
+                    cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))

@@ -12,10 +12,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .configs import (
-    ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, FRAGMENT_VALUES, ROWS_PER_CONSUMER_WARPGROUP,
-    THREADS_PER_WARPGROUP,
-)
+from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS
 
 # Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
 # pattern repeats every 1024 bytes and must line up with the buffer's start.
@@ -53,24 +50,6 @@ def accumulator_tile_layout(rows: int, cols: int, stages: int):
     return cute.make_composed_layout(cute.make_swizzle(bits, base + FP32_ADDRESS_BITS, shift), 0, outer)
 
 
-def fragment_tile_layout(cols: int, stages: int):
-    """Staged shared-memory layout of an fp32 (64, cols) wgmma accumulator tile in the order
-    its 128 threads hold it (``configs.fragment_order_offset``): each thread's four values
-    of a column block (two adjacent columns, rows r and r + 8) are 16 contiguous bytes, so
-    one 16-byte store writes them, and a warp's 32 stores are 512 contiguous bytes, without
-    bank conflicts. No swizzle; it leaves as one linear bulk copy."""
-    if cols % 8:
-        raise ValueError(f"cols={cols}: whole 8-column blocks of the accumulator")
-    lane, warp = FRAGMENT_VALUES, FRAGMENT_VALUES * 32  # offsets of the next lane and of the next warp
-    outer = cute.make_layout(
-        # Rows: (lane row l/4, row half, warp); columns: (adjacent pair, lane l%4, 8-column block).
-        ((8, 2, 4), (2, 4, cols // 8), stages),
-        stride=((4 * lane, 2, warp), (1, lane, FRAGMENT_VALUES * THREADS_PER_WARPGROUP),
-                ROWS_PER_CONSUMER_WARPGROUP * cols),
-    )
-    return cute.make_composed_layout(cute.make_swizzle(0, FP32_ADDRESS_BITS + 2, 3), 0, outer)
-
-
 def rows_first(t: cute.Tensor) -> cute.Tensor:
     """A (batch, seqlen, heads, head_dim) tensor viewed as (seqlen, head_dim, heads, batch),
     and a (batch, heads, seqlen) one as (seqlen, heads, batch): the tiled modes first, as
@@ -79,17 +58,13 @@ def rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
 
 
-def tma_tile(
-    atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block, col_block=0, cta_rank=0,
-    ctas: int = 1,
-):
+def tma_tile(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block, col_block=0):
     """(smem, gmem) partitions for a TMA copy between ``smem`` and the ``tile``-shaped tiles
     of the 2-D ``gmem``: ``block`` picks the row of tiles (None keeps it as the last mode),
-    ``col_block`` the column of tiles. A multicast atom over ``ctas`` CTAs: the share of
-    the CTA ranked ``cta_rank`` in the cluster."""
+    ``col_block`` the column of tiles."""
     tiles = cute.local_tile(gmem, tile, (block, col_block))
     return cpasync.tma_partition(
-        atom, cta_rank, cute.make_layout(ctas), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
     )
 
 

@@ -53,12 +53,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # spread as wide; -bwd-sweep-pdl.json), LSE and D read into registers while Sᵀ and dPᵀ run
 # (stats_early; tried before and after the dQ tile fix, which left ncu's largest gap to
 # flash-attn-4 on those loads: -2% to +3% at head dims 128 and 256, 2k and 16k, 3 rounds;
-# -bwd-sweep-stats-early.json). (Deterministic cost 0.59-0.74x; the README has it.)
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(dq_fragment_order=True)],
-    128: [dict(), dict(dq_fragment_order=True), dict(multicast_pairs=True)],
-    256: [dict(), dict(dq_fragment_order=True), dict(multicast_pairs=True)],
-}
+# -bwd-sweep-stats-early.json); dQ's shared-memory tile in the accumulator's register order
+# (16-byte stores, ncu's mio_throttle at twice flash-attn-4's) and two CTAs of adjacent key
+# blocks sharing Q and dO by multicast (L2 at 87-90% at head dim 256): at 16k within the
+# rounds' spread (d128 full 587 -> 601 / 598, d256 full 448 -> 457 / 456, causal flat), at
+# 1k 2-6% slower (d128 full 454 -> 440 / 441, d256 causal 290 -> 274; 3 rounds,
+# -bwd-sweep-fragment-multicast.json). (Deterministic cost 0.59-0.74x; the README has it.)
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
@@ -194,11 +195,7 @@ def main() -> None:
             base_config = backward_config(shape.head_dim, shape.causal)
             for change in BACKWARD_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
-                try:
-                    config = dataclasses.replace(base_config, **change)
-                except ValueError:
-                    continue  # a candidate that does not apply to this shape (multicast_pairs, causal)
-                providers[label] = backward_candidate(config, diffs, label)
+                providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
         elif args.pass_ == "fp8":
             from flash4.dispatch import FP8_DTYPE
 

@@ -96,8 +96,7 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen", (1, 17, 1000))
-@pytest.mark.parametrize("fragment_order", (False, True), ids=("rows", "fragments"))
-def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, fragment_order):
+def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen):
     # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py), which holds each
     # query block as the main kernel's tile geometry says: every value read from its
     # place, the product with the softmax scale rounded once to nearest even, as torch's
@@ -106,9 +105,7 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, fragment_orde
     from flash4.backward import backward_config
     from flash4.compiler import compiled_backward_postprocess
 
-    import dataclasses
-
-    geometry = dataclasses.replace(backward_config(head_dim, False), dq_fragment_order=fragment_order).dq_tile_geometry
+    geometry = backward_config(head_dim, False).dq_tile_geometry
     # Rows padded to whole query blocks, as attention_backward allocates them.
     batch, heads, scale, padded = 2, 3, 0.0883883, -(-seqlen // geometry.tile_m) * geometry.tile_m
     rows_major = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3
@@ -123,79 +120,3 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, fragment_orde
     torch.cuda.synchronize()
     want = torch.mul(rows_major[:, :, :seqlen].transpose(1, 2), scale).to(dtype)
     assert torch.equal(dq, want)
-
-
-# The sweep's candidates (perf/sweep_configs.py BACKWARD_CANDIDATES), by head dim.
-CANDIDATES = tuple((head_dim, dict(dq_fragment_order=True)) for head_dim in (64, 128, 256))
-
-
-@pytest.mark.parametrize("head_dim,change", CANDIDATES, ids=[f"d{d}-{next(iter(c))}" for d, c in CANDIDATES])
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777), (4096, 4096)))
-@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_candidate_agrees_with_the_reference(head_dim, change, causal, seqlen_q, seqlen_k, heads, kv_heads):
-    # A sweep candidate must be right before it is timed; deterministic, it must also
-    # repeat exactly.
-    import dataclasses
-
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
-
-    dtype = torch.bfloat16
-    q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
-    expected = reference.attention_backward(q, k, v, out_ref, dout, lse_ref, causal=causal)
-    baseline = reference.attention_backward_in_dtype(q, k, v, dout, causal=causal)
-    runs = []
-    for deterministic in (False, True, True):
-        config = dataclasses.replace(backward_config(head_dim, causal, kv_heads != heads, deterministic), **change)
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        runs.append(attention_backward(
-            q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=deterministic, config=config
-        ))
-    torch.cuda.synchronize()
-    for run in runs:
-        for name, got, want, torch_grad in zip(("dq", "dk", "dv"), run, expected, baseline):
-            assert not got.isnan().any(), f"{name}: some element was never written"
-            bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
-            assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
-    for name, first, second in zip(("dq", "dk", "dv"), runs[1], runs[2]):
-        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
-
-
-@pytest.mark.parametrize("head_dim", (128, 256))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 1000), (1000, 333), (777, 777), (4096, 4096), (1000, 17)))
-@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
-def test_multicast_pairs_candidate_agrees_with_the_reference(head_dim, seqlen_q, seqlen_k, heads, kv_heads):
-    # The sweep's candidate multicast_pairs (not causal, not deterministic): clusters of two
-    # key blocks share each Q and dO tile. Odd numbers of key blocks (333 and 777 keys at
-    # head dim 128, 777 and 17 at 256) leave a pair's second CTA past seqlen_k, which must
-    # take part in every load and release yet add nothing; twice, to catch a pair that
-    # deadlocks or races only sometimes.
-    import dataclasses
-
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
-
-    dtype = torch.bfloat16
-    q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, return_lse=True)
-    out_ref, lse_ref = reference.attention(q, k, v)
-    expected = reference.attention_backward(q, k, v, out_ref, dout, lse_ref)
-    baseline = reference.attention_backward_in_dtype(q, k, v, dout)
-    config = dataclasses.replace(backward_config(head_dim, False, kv_heads != heads), multicast_pairs=True)
-    for _ in range(2):
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        run = attention_backward(q, k, v, out, dout, lse, grads=grads, config=config)
-        torch.cuda.synchronize()
-        for name, got, want, torch_grad in zip(("dq", "dk", "dv"), run, expected, baseline):
-            assert not got.isnan().any(), f"{name}: some element was never written"
-            bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
-            assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
