@@ -63,12 +63,17 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       the next tile's Q loads while this one runs (three rounds, 512 / 1k / 4k): d64 full
       346/403/492 -> 355/406/495, causal 234/311/432 -> 244/320/428; d128 full
       507/573/638 -> 520/580/645, causal 335/440/577 -> 336/439/576.
+    - At head dim 64, each block's row sum started from the old sum times O's factor
+      (sum_from_rescaled), so O's rescale runs among the exponentials, which bind there
+      (three rounds, 512 / 1k / 4k / 16k): full 356/400/488/525 -> 361/408/496/535,
+      causal 244/316/431/492 -> 244/321/437/502. At 128 it lost 2-3% (587/646/658 ->
+      568/624/640 full), at 256 it tied.
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
         head_dim=head_dim, tile_n=tile_n, causal=causal,
         pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
-        q_stages=1 if head_dim == 256 else 2,
+        q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
     )
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True)

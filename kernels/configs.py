@@ -67,6 +67,10 @@ class Sm90ForwardConfig:
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
     # general path (1-20% on the H200 at head dim 64; flash4/dispatch.py).
     fp8_v_per_tensor: bool = False
+    # The softmax's row sum starts from the rescaled old sum (OnlineSoftmax), so O's
+    # rescale interleaves with the block's exponentials: where MUFU binds (head dim 64;
+    # flash4/dispatch.py has the sweep). 16-bit only.
+    sum_from_rescaled: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -109,6 +113,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.sum_from_rescaled and self.fp8:
+            raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.fp8 and self.tile_n % FP8_MMA_K:

@@ -22,9 +22,14 @@ THREADS_PER_ROW = 4
 
 
 class OnlineSoftmax:
-    def __init__(self, scale_log2: Float32, rows: int):
+    def __init__(self, scale_log2: Float32, rows: int, sum_from_rescaled: bool = False):
         self.scale_log2 = scale_log2
         self.rows = rows
+        # The row sum's additions start from the old sum times O's factor instead of from 0:
+        # the factor's exponential is then needed first, and ptxas schedules O's rescale
+        # among the block's MUFU.EX2 instead of after the last one (ncu, head dim 64: the
+        # exp stream then throttled less, as in flash-attn-4). It pays where MUFU binds.
+        self.sum_from_rescaled = sum_from_rescaled
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
@@ -48,14 +53,18 @@ class OnlineSoftmax:
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
             p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
             s[r, None].store(p)
-            partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if cutlass.const_expr(is_first or not self.sum_from_rescaled):
+                partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(is_first):
                 row_scale[r] = 1.0
                 self.row_sum[r] = partial
             else:
                 scale = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
                 row_scale[r] = scale
-                self.row_sum[r] = self.row_sum[r] * scale + partial
+                if cutlass.const_expr(self.sum_from_rescaled):
+                    self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * scale, 0)
+                else:
+                    self.row_sum[r] = self.row_sum[r] * scale + partial
         return row_scale
 
     @cute.jit

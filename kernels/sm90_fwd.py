@@ -427,7 +427,7 @@ class Sm90ForwardKernel:
         return tma_tile(atom, sV, mV, self.v_tile(), None)
 
     def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> OnlineSoftmax:
-        return OnlineSoftmax(softmax_scale_log2, rows)
+        return OnlineSoftmax(softmax_scale_log2, rows, self.config.sum_from_rescaled)
 
     # ------------------------------------------------------------------ key ranges
     @cute.jit

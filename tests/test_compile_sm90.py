@@ -309,3 +309,19 @@ def test_dq_accumulator_stores_have_no_bank_conflicts(cols):
                     for lane in range(32)
                 ]
                 assert wavefronts(addresses) == 2, (warp, half, j)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_other_row_sum_order_compiles_clean(head_dim):
+    # sum_from_rescaled changes only the order ptxas may schedule the softmax in: either
+    # setting has no spills, no serialised wgmma, and not one exponential more.
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import select
+
+    entry = select("sm_90a", "bfloat16", head_dim, False, 4096)
+    config = dataclasses.replace(entry.config, sum_from_rescaled=not entry.config.sum_from_rescaled)
+    report = compile_entry(dataclasses.replace(entry, config=config))
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")

@@ -35,6 +35,8 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         # Two Q slots need a persistent CTA whose O has its own buffer.
         (dict(head_dim=128, tile_n=128, q_stages=2), "q_stages=2: .*persistent"),
         (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, q_stages=2), "q_stages=2: .*own buffer"),
+        # The FP8 softmax keeps its own row sum.
+        (dict(head_dim=128, tile_n=128, fp8=True, sum_from_rescaled=True), "sum_from_rescaled=True"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):

@@ -285,3 +285,16 @@ def test_other_rescale_setting_matches_reference(head_dim, causal, seqlen_q, seq
 
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.rescale_when_needed
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, rescale_when_needed=not default)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (4096, 4096), (1000, 17)))
+def test_other_row_sum_order_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
+    # The table starts each key block's row sum from the old sum times O's factor at some
+    # head dims (sum_from_rescaled) and not at others; the other order must be right too:
+    # many blocks (4096), a single block (17 keys), causal tiles that see few keys.
+    from flash4.dispatch import select
+
+    default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.sum_from_rescaled
+    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, sum_from_rescaled=not default)
