@@ -18,6 +18,9 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 # Keys per KV block by head dim on sm_90: the widest block whose Q tile plus two-stage K/V
 # ring fits the 227 KiB of shared memory, and whose S accumulator fits the register budget.
 _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
+# Head dim 256 below 1-2k: 64 divides the protocol's short sequences, 80 leaves part of the
+# last key block empty (512 keys in 560).
+SHORT_TILE_N_256 = 64
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
@@ -68,6 +71,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       (three rounds, 512 / 1k / 4k / 16k): full 356/400/488/525 -> 361/408/496/535,
       causal 244/316/431/492 -> 244/321/437/502. At 128 it lost 2-3% (587/646/658 ->
       568/624/640 full), at 256 it tied.
+    - At head dim 256, 64-key blocks below 1k (full) and 2k (causal) queries: 80-key
+      blocks load 560 keys for 512 (three rounds, 512 / 1k): full 481/594 -> 497/592,
+      causal 316/446 -> 333/466. At head dim 64, 128-row tiles at 512 tied (360 -> 359).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -76,8 +82,12 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
     )
     if head_dim == 256 and causal:
-        yield 1, replace(base, persistent=True)
+        yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
+        yield 2048, replace(base, persistent=True)
         yield 16384, base
+    elif head_dim == 256:
+        yield 1, replace(base, tile_n=SHORT_TILE_N_256)
+        yield 1024, base
     elif head_dim != 64:
         yield 1, base
     elif not causal:

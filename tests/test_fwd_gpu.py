@@ -298,3 +298,4 @@ def test_other_row_sum_order_matches_reference(head_dim, causal, seqlen_q, seqle
 
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.sum_from_rescaled
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, sum_from_rescaled=not default)
+
