@@ -71,6 +71,11 @@ class Sm90ForwardConfig:
     # rescale interleaves with the block's exponentials: where MUFU binds (head dim 64;
     # flash4/dispatch.py has the sweep). 16-bit only.
     sum_from_rescaled: bool = False
+    # P converted for the P V GEMM before O's rescale instead of after. Where the rescale is
+    # a branch (rescale_when_needed: FP8, head dim 256), ptxas does not move the conversions
+    # above it, so all of them (and FP8's byte permutes) trailed the block's exponentials
+    # instead of filling the gaps of the MUFU.EX2 stream. Same bits. [Sweep candidate.]
+    p_before_rescale: bool = False
 
     @property
     def tile_m(self) -> int:

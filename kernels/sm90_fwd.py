@@ -640,8 +640,12 @@ class Sm90ForwardKernel:
         row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
-        softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
-        self.store_p(acc_s, ops.p)
+        if cutlass.const_expr(self.config.p_before_rescale):
+            self.store_p(acc_s, ops.p)
+            softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
+        else:
+            softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
+            self.store_p(acc_s, ops.p)
         return state
 
     @cute.jit

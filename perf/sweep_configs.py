@@ -43,7 +43,9 @@ from flash4.interface import LOG2_E, device_sms
 # at 512/1k/4k, -fwd-sweep-overlap-epilogue.json): d64 full 355/400/479 -> 349/401/475,
 # causal 246/316/424 -> 238/313/424; d128 full 528/596/644 -> 512/579/632; FP8 d128 full
 # 555/701/883 -> 533/691/872 (against two Q slots). Lost or tied everywhere.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    head_dim: [dict(), dict(p_before_rescale=True)] for head_dim in (64, 128, 256)
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -70,7 +72,11 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
 # 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
 # 331/479/732. The d128 full row waits for its GPU tests.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(q_stages=2)], 256: [dict()]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(p_before_rescale=True)],
+    128: [dict(), dict(q_stages=2), dict(p_before_rescale=True)],
+    256: [dict(), dict(p_before_rescale=True)],
+}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

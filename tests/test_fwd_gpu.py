@@ -98,25 +98,32 @@ def test_forward_without_lse_matches_reference(dtype, head_dim, causal, seqlen_q
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
 
 
-def _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, **changes):
-    """The table's bf16 kernel for this case with ``changes`` to its config, against the
-    reference, on 4 batch entries of 8 query heads and 2 kv heads."""
+def _run_config_variant(q, k, v, causal, **changes):
+    """The table's kernel for these inputs with ``changes`` to its config: (out, lse),
+    poisoned beforehand, every row checked as written."""
     import dataclasses
 
     from flash4.compiler import compiled_forward
     from flash4.dispatch import select
     from flash4.interface import LOG2_E, device_sms
 
-    entry = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q)
+    batch, seqlen_q, heads, head_dim = q.shape
+    entry = select("sm_90a", str(q.dtype).removeprefix("torch."), head_dim, causal, seqlen_q)
     entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
-    seed = hash(("variant", head_dim, causal, seqlen_q, seqlen_k, tuple(sorted(changes.items())))) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     out = torch.full_like(q, math.nan)
-    lse = torch.full((4, 8, seqlen_q), math.nan, device="cuda")
-    scale = head_dim**-0.5
-    compiled_forward(entry)(q, k, v, out, lse, scale * LOG2_E, device_sms(0))
+    lse = torch.full((batch, heads, seqlen_q), math.nan, device="cuda")
+    compiled_forward(entry)(q, k, v, out, lse, head_dim**-0.5 * LOG2_E, device_sms(0))
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any(), "some output row was never written"
+    return out, lse
+
+
+def _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, **changes):
+    """The table's bf16 kernel for this case with ``changes`` to its config, against the
+    reference, on 4 batch entries of 8 query heads and 2 kv heads."""
+    seed = hash(("variant", head_dim, causal, seqlen_q, seqlen_k, tuple(sorted(changes.items())))) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    out, lse = _run_config_variant(q, k, v, causal, **changes)
     out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
     out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
@@ -299,3 +306,15 @@ def test_other_row_sum_order_matches_reference(head_dim, causal, seqlen_q, seqle
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.sum_from_rescaled
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, sum_from_rescaled=not default)
 
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (3000, 3000)))
+def test_p_before_rescale_candidate_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
+    # The sweep's candidate (perf/sweep_configs.py) converts P before O's rescale instead of
+    # after: the same operations on the same values, so the same bits as the table's kernel.
+    seed = hash(("p-before-rescale", head_dim, causal, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    want, want_lse = _run_config_variant(q, k, v, causal)
+    out, lse = _run_config_variant(q, k, v, causal, p_before_rescale=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
