@@ -43,8 +43,12 @@ from flash4.interface import LOG2_E, device_sms
 # at 512/1k/4k, -fwd-sweep-overlap-epilogue.json): d64 full 355/400/479 -> 349/401/475,
 # causal 246/316/424 -> 238/313/424; d128 full 528/596/644 -> 512/579/632; FP8 d128 full
 # 555/701/883 -> 533/691/872 (against two Q slots). Lost or tied everywhere.
+# Head dim 256 full below 1k: one CTA per SM now that its 64-key blocks leave no key empty
+# (at 512 with 80-key blocks it gained 3%, at 1k+ it lost; flash4/dispatch.py).
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    head_dim: [dict(), dict(p_before_rescale=True)] for head_dim in (64, 128, 256)
+    64: [dict(), dict(p_before_rescale=True)],
+    128: [dict(), dict(p_before_rescale=True)],
+    256: [dict(), dict(p_before_rescale=True), dict(persistent=True)],
 }
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
@@ -218,6 +222,8 @@ def main() -> None:
                     config = dataclasses.replace(base.config, **change)
                 except ValueError:
                     continue
+                if change and config == base.config:
+                    continue  # the row has it already
                 providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
         peers = bench.PASS_PROVIDERS[args.pass_]
         providers.update({name: peers[name] for name in (FP8_PEERS if args.pass_ == "fp8" else PEERS)})
