@@ -102,9 +102,7 @@ def attention_backward(
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(
-        out, dout, lse, delta, lse_log2, dq_accum
-    )
+    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
         dq_turns, kv_turns, problem.softmax_scale,

@@ -182,9 +182,7 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
     return o, do, lse, d, lse_log2, dq_accum, stream
 
 
-def compile_backward_preprocess(
-    dtype_name: str, head_dim: int, block_rows: int, *options: str
-) -> Any:
+def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int, *options: str) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
     query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum)`` with torch
     tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum`` (batch,

@@ -25,9 +25,9 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .configs import DQTileGeometry
 from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
-from .configs import DQTileGeometry
 from .wgmma import rows_first
 
 # Four warps, many CTAs: enough loads in flight per SM for a bandwidth-bound pass.
