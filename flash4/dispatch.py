@@ -135,15 +135,24 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # Not taken: every 8th exponential on the FMA pipe instead of MUFU (lost 1-5% at head dims
 # 64 and 128); one Q descale per 64-row warpgroup on 192-row tiles (lost 7% at head dim 64
 # full, 464/696 -> 431/643); 160-key blocks at head dim 128.
+#
+# Fourth sweep (three rounds, 512 / 1k / 4k / 16k; -fp8-sweep-p-before-rescale.json): P
+# converted before O's rescale (p_before_rescale) at head dim 256, full 994/1134/1217 ->
+# 993/1158/1246 from 1k, causal 515/719/1000/1111 -> 519/739/1051/1178; it lost at 64 (full
+# 4k 619 -> 549) and 128 (full 1k 700 -> 668). Two Q slots at head dim 128 full below 1k:
+# 536 -> 557 at 512 (1k and up within 1%: 700/884/952 -> 697/879/948).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3)),),
     (64, True): ((1, dict(tile_n=128)), (4096, dict(tile_n=128, consumer_warpgroups=3))),
-    (128, False): ((1, dict(tile_n=96, consumer_warpgroups=3)),),
+    (128, False): (
+        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2)),
+        (1024, dict(tile_n=96, consumer_warpgroups=3)),
+    ),
     (128, True): ((1, dict(tile_n=192)), (1024, dict(tile_n=96, consumer_warpgroups=3))),
-    (256, False): ((1, dict(tile_n=128, pingpong=False)),),
-    (256, True): ((1, dict(tile_n=128, pingpong=False)),),
+    (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
 }
 
 

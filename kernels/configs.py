@@ -72,9 +72,10 @@ class Sm90ForwardConfig:
     # flash4/dispatch.py has the sweep). 16-bit only.
     sum_from_rescaled: bool = False
     # P converted for the P V GEMM before O's rescale instead of after. Where the rescale is
-    # a branch (rescale_when_needed: FP8, head dim 256), ptxas does not move the conversions
-    # above it, so all of them (and FP8's byte permutes) trailed the block's exponentials
-    # instead of filling the gaps of the MUFU.EX2 stream. Same bits. [Sweep candidate.]
+    # a branch (rescale_when_needed), ptxas does not move the conversions above it, so all
+    # of them (and FP8's byte permutes) trail the block's exponentials instead of filling
+    # the gaps of the MUFU.EX2 stream. Same bits. The FP8 head-dim-256 rows take it (+2-6%);
+    # elsewhere it tied or lost (flash4/dispatch.py, perf/sweep_configs.py).
     p_before_rescale: bool = False
 
     @property

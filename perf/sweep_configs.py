@@ -43,13 +43,12 @@ from flash4.interface import LOG2_E, device_sms
 # at 512/1k/4k, -fwd-sweep-overlap-epilogue.json): d64 full 355/400/479 -> 349/401/475,
 # causal 246/316/424 -> 238/313/424; d128 full 528/596/644 -> 512/579/632; FP8 d128 full
 # 555/701/883 -> 533/691/872 (against two Q slots). Lost or tied everywhere.
-# Head dim 256 full below 1k: one CTA per SM now that its 64-key blocks leave no key empty
-# (at 512 with 80-key blocks it gained 3%, at 1k+ it lost; flash4/dispatch.py).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(p_before_rescale=True)],
-    128: [dict(), dict(p_before_rescale=True)],
-    256: [dict(), dict(p_before_rescale=True), dict(persistent=True)],
-}
+# P converted before O's rescale (p_before_rescale; taken by the FP8 head-dim-256 rows),
+# 3 rounds at 512/1k/4k/16k (-fwd-sweep-p-before-rescale.json): within 1-2% at 64 and
+# 128 either way; d256 full 481/575/673/702 -> 483/569/644/694. One CTA per SM at d256 full
+# on 64-key blocks: 481/575 -> 497/587 at 512/1k, but its slowest rounds 425/510 against the
+# row's 469/575 (and the row had given 497 at 512 in the sweep before): not taken.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -75,12 +74,8 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # Two Q slots (as the 16-bit rows; -fwd-sweep-q-slots.json, -fp8-sweep-q-slots.json, three
 # rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
 # 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
-# 331/479/732. The d128 full row waits for its GPU tests.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(p_before_rescale=True)],
-    128: [dict(), dict(q_stages=2), dict(p_before_rescale=True)],
-    256: [dict(), dict(p_before_rescale=True)],
-}
+# 331/479/732. Taken at d128 full below 1k after a fourth sweep (flash4/dispatch.py).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
