@@ -48,13 +48,7 @@ from flash4.interface import LOG2_E, device_sms
 # 128 either way; d256 full 481/575/673/702 -> 483/569/644/694. One CTA per SM at d256 full
 # on 64-key blocks: 481/575 -> 497/587 at 512/1k, but its slowest rounds 425/510 against the
 # row's 469/575 (and the row had given 497 at 512 in the sweep before): not taken.
-# Warpgroups without rows skipping their work (skip_idle_warpgroups): where 192-row tiles
-# leave the last query tile ragged.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(skip_idle_warpgroups=True)],
-    128: [dict()],
-    256: [dict()],
-}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -81,11 +75,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
 # 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
 # 331/479/732. Taken at d128 full below 1k after a fourth sweep (flash4/dispatch.py).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(skip_idle_warpgroups=True)],
-    128: [dict(), dict(skip_idle_warpgroups=True)],
-    256: [dict()],
-}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
