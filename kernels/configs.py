@@ -77,12 +77,6 @@ class Sm90ForwardConfig:
     # the gaps of the MUFU.EX2 stream. Same bits. The FP8 head-dim-256 rows take it (+2-6%);
     # elsewhere it tied or lost (flash4/dispatch.py, perf/sweep_configs.py).
     p_before_rescale: bool = False
-    # A consumer warpgroup whose 64 rows all lie past seqlen_q (the last query tile of a
-    # ragged length: 1024 queries on 192-row tiles leave two of the sixth tile's three
-    # idle) issues no GEMM and no softmax; it only keeps the rings' and the turns' barrier
-    # protocol, so the one with rows has the tensor cores and MUFU to itself. [Sweep
-    # candidate.]
-    skip_idle_warpgroups: bool = False
 
     @property
     def tile_m(self) -> int:

@@ -390,13 +390,8 @@ class Sm90ForwardKernel:
                 # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
                 lse.fill(-Float32.inf)
                 if tile.n_block_max > 0:
-                    if self.idle(tile, warpgroup_idx):
-                        q_state, kv_state = self.idle_mainloop(rings, tile, pingpong, q_state, kv_state)
-                    else:
-                        softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
-                        q_state, kv_state = self.mainloop(
-                            ops, rings, tile, lse, softmax, pingpong, q_state, kv_state
-                        )
+                    softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
+                    q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
                 elif cutlass.const_expr(self.q_freed_by_store):
                     rings.q.consumer_wait(q_state)
                 self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
@@ -611,50 +606,6 @@ class Sm90ForwardKernel:
         state.advance()
         softmax.rescale(ops.acc_o, softmax.finalize(lse))
         return q_state, state
-
-    @cute.jit
-    def idle(self, tile: Tile, warpgroup_idx: Int32):
-        """Whether this warpgroup's rows of the tile all lie past seqlen_q (False at
-        compile time unless skip_idle_warpgroups)."""
-        if cutlass.const_expr(not self.config.skip_idle_warpgroups):
-            return False
-        first_row = tile.m_block * self.tile_m + warpgroup_idx * ROWS_PER_CONSUMER_WARPGROUP
-        return first_row >= tile.seqlen_q
-
-    @cute.jit
-    def idle_mainloop(self, rings: Rings, tile: Tile, pingpong: WarpgroupPingPong, q_state, state):
-        """The mainloop's barrier protocol without its work, for a warpgroup with no rows
-        (``idle``): every ring slot the mainloop releases, released in the same order, and
-        every turn taken and passed, so the other warpgroups and the producer see the usual
-        arrivals. Each release waits for its slot to fill first: a release that ran ahead by
-        a whole ring would count toward a phase the others are still reading."""
-        rings.q.consumer_wait(q_state)
-        rings.k.consumer_wait(state)
-        rings.k.consumer_release(state)
-        for i in cutlass.range(tile.n_block_max - 1, unroll=1):
-            state = self.idle_step(rings, state, pingpong)
-        if cutlass.const_expr(not self.q_freed_by_store):
-            rings.q.consumer_release(q_state)
-            q_state.advance()
-        rings.v.consumer_wait(state)
-        rings.v.consumer_release(state)
-        state.advance()
-        return q_state, state
-
-    @cute.jit
-    def idle_step(self, rings: Rings, state, pingpong: WarpgroupPingPong):
-        """``step``'s waits, turns and releases."""
-        v_state = state.clone()
-        state.advance()
-        rings.k.consumer_wait(state)
-        if cutlass.const_expr(self.pingpong):
-            pingpong.wait_turn()
-        rings.v.consumer_wait(v_state)
-        if cutlass.const_expr(self.pingpong):
-            pingpong.pass_turn()
-        rings.k.consumer_release(state)
-        rings.v.consumer_release(v_state)
-        return state
 
     @cute.jit
     def step(

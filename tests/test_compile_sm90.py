@@ -344,23 +344,3 @@ def test_other_p_order_compiles_clean(dtype, head_dim):
     report = compile_entry(dataclasses.replace(entry, config=config))
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")
-
-
-@pytest.mark.parametrize(
-    "dtype,head_dim,causal",
-    (("bfloat16", 64, False), ("bfloat16", 256, True), ("float8_e4m3fn", 128, False), ("float8_e4m3fn", 256, False)),
-)
-def test_idle_warpgroups_candidate_compiles_clean(dtype, head_dim, causal):
-    # The sweep's candidate adds a barrier-only loop for warpgroups without rows beside
-    # the mainloop (three and two warpgroups, with ping-pong and without): the mainloop
-    # keeps its registers, spills nothing and serialises no wgmma.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-    from flash4.dispatch import select
-
-    entry = select("sm_90a", dtype, head_dim, causal, 4096)
-    config = dataclasses.replace(entry.config, skip_idle_warpgroups=True)
-    report = compile_entry(dataclasses.replace(entry, config=config))
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")

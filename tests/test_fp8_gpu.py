@@ -207,9 +207,9 @@ def _run_variant(q8, k8, v8, causal: bool, **changes):
     return out, lse
 
 
-def _variant_inputs(head_dim: int, causal: bool, seqlen: int, batch: int = 2):
+def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
     blocks = fp8_blocks(head_dim, causal, seqlen)
-    q, k, v = (torch.randn(batch, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    q, k, v = (torch.randn(2, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
     return flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
 
 
@@ -237,19 +237,6 @@ def test_other_p_order_changes_no_bit(head_dim, causal, seqlen):
     q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     out, lse = _run_variant(q8, k8, v8, causal, p_before_rescale=not default)
-    assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
-
-
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen", (17, 1000, 3000))
-def test_idle_warpgroups_candidate_changes_no_bit(head_dim, causal, seqlen):
-    # The sweep's candidate: warpgroups whose rows all lie past seqlen_q (the last query
-    # tile of each length here) skip their work and keep only the barriers; 4 x 8 heads
-    # make more tiles than SMs, so CTAs run full tiles after idle ones. Same bits.
-    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen, batch=4)
-    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
-    out, lse = _run_variant(q8, k8, v8, causal, skip_idle_warpgroups=True)
     assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
