@@ -48,6 +48,13 @@ from flash4.interface import LOG2_E, device_sms
 # 128 either way; d256 full 481/575/673/702 -> 483/569/644/694. One CTA per SM at d256 full
 # on 64-key blocks: 481/575 -> 497/587 at 512/1k, but its slowest rounds 425/510 against the
 # row's 469/575 (and the row had given 497 at 512 in the sweep before): not taken.
+# Warpgroups whose 64 rows all lie past seqlen_q (the ragged last tile of 192-row tiles)
+# keeping only the barriers and skipping their GEMMs and softmax (skip_idle_warpgroups, 3
+# rounds at 512/1k/2k/4k; -fwd-sweep-idle-warpgroups.json, -fp8-sweep-idle-warpgroups.json):
+# bf16 d64 full 358/420/479/497 -> 360/422/476/500, causal flat; FP8 d128 full
+# 556/701/822/881 -> 566/698/832/892, causal 327/483/639/739 -> 317/482/644/751; FP8 d64
+# full 370/465/574/617 -> 355/433/535/574. The warpgroup left alone runs its blocks
+# unoverlapped, about as long as three in turn, so the tail tile hardly shortens.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
