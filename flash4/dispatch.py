@@ -141,6 +141,11 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 993/1158/1246 from 1k, causal 515/719/1000/1111 -> 519/739/1051/1178; it lost at 64 (full
 # 4k 619 -> 549) and 128 (full 1k 700 -> 668). Two Q slots at head dim 128 full below 1k:
 # 536 -> 557 at 512 (1k and up within 1%: 700/884/952 -> 697/879/948).
+#
+# Fifth (three rounds, 1k / 2k / 16k; -fp8-sweep-d128-tiles.json): head dim 128 causal from
+# 1k to 2k on two warpgroups, 128-key blocks and two Q slots, 484 -> 515 at 1k (2k: 641 ->
+# 632; without ping-pong 517 / 626). Full, that tile lost (698/830/939 -> 674/755/851), as
+# did 160-key blocks (658/779/872) and 64-key ones on three warpgroups (621/733/832).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
@@ -150,7 +155,11 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
         (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2)),
         (1024, dict(tile_n=96, consumer_warpgroups=3)),
     ),
-    (128, True): ((1, dict(tile_n=192)), (1024, dict(tile_n=96, consumer_warpgroups=3))),
+    (128, True): (
+        (1, dict(tile_n=192)),
+        (1024, dict(tile_n=128, q_stages=2)),
+        (2048, dict(tile_n=96, consumer_warpgroups=3)),
+    ),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
 }

@@ -23,7 +23,7 @@ import torch
 from gpu_helpers import poison_allocator
 
 import flash4
-from flash4 import reference
+from flash4 import dispatch, reference
 from flash4.fp8 import fp8_blocks
 
 pytestmark = pytest.mark.gpu
@@ -87,6 +87,30 @@ def test_fp8_forward_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, hea
     out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     torch.cuda.synchronize()
     _check(q8, k8, v8, causal, out, lse)
+
+
+FP8_ROWS = [r for r in dispatch.TABLE if r.dtype == dispatch.FP8_DTYPE]
+RAGGED_PAST_ROW_START = 17
+
+
+@pytest.mark.parametrize(
+    "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
+)
+def test_every_row_matches_its_model(row):
+    # Each row of the FP8 table (the shapes above reach only some of them) on the length
+    # it starts at plus a ragged tail, GQA 4:1.
+    seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
+    assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) is row
+    g = torch.Generator(device="cuda").manual_seed(seqlen * 7 + row.head_dim + row.causal)
+    q, k, v = (
+        torch.randn(1, seqlen, h, row.head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2)
+    )
+    blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
+    poison_allocator()
+    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=row.causal, return_lse=True)
+    torch.cuda.synchronize()
+    _check(q8, k8, v8, row.causal, out, lse)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))

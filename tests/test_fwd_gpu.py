@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flash4
-from flash4 import reference
+from flash4 import dispatch, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -79,6 +79,24 @@ def test_forward_matches_reference(dtype, head_dim, causal, seqlen_q, seqlen_k, 
     seed = hash((head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads, str(dtype))) % 2**31
     q, k, v = _inputs(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, seed)
     _check(q, k, v, causal)
+
+
+# Every row of the selector's bf16 table, at a ragged length just past the row's first.
+BF16_ROWS = [r for r in dispatch.TABLE if r.arch == "sm_90a" and r.dtype == "bfloat16"]
+RAGGED_PAST_ROW_START = 17
+
+
+@pytest.mark.parametrize(
+    "row", BF16_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in BF16_ROWS]
+)
+def test_every_row_matches_reference(row):
+    # The table's other rows serve only long queries (up to 16k), which the shapes above
+    # do not all reach; each row runs here on the length it starts at plus a ragged tail.
+    seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
+    assert dispatch.select("sm_90a", "bfloat16", row.head_dim, row.causal, seqlen) is row
+    seed = hash(("every-row", row.head_dim, row.causal, seqlen)) % 2**31
+    q, k, v = _inputs(1, seqlen, seqlen, 4, 2, row.head_dim, torch.bfloat16, seed)
+    _check(q, k, v, row.causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
