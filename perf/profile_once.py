@@ -1,10 +1,12 @@
 """Run flash4's forward and its peers' (flash-attn-4, and torch SDPA's cuDNN backend) once
 each on one protocol shape, for a profiler; with ``--pass bwd``, their backward passes (the
-forward runs once beforehand, outside the profiled range).
+forward runs once beforehand, outside the profiled range); with ``--pass fp8``, flash4's FP8
+kernel and cuDNN's FP8 attention on inputs quantized beforehand (the bench's providers).
 
     ncu --clock-control none -k regex:Forward --section SpeedOfLight python perf/profile_once.py --hdim 128 --seqlen 1024
     ncu --clock-control none -k regex:Backward --section SpeedOfLight python perf/profile_once.py --pass bwd
     ncu --clock-control none -k regex:'Sm90ForwardKernel|cudnn' --set full python perf/profile_once.py --hdim 64 --seqlen 512
+    ncu --clock-control none -k regex:'Sm90Fp8|cudnn' --set full python perf/profile_once.py --pass fp8 --seqlen 1024
 
 Autograd runs the backward on a thread of its own, so NVTX ranges do not reach its kernels:
 pick kernels by name (``-k``).
@@ -18,6 +20,7 @@ Each provider is warmed up (compiled) first, so the profiler sees steady-state l
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 import torch
 
@@ -31,8 +34,11 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=1024)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="fwd")
+    parser.add_argument("--pass", dest="which", choices=("fwd", "bwd", "fp8"), default="fwd")
     args = parser.parse_args()
+    if args.which == "fp8":
+        profile(fp8_providers(args.hdim, args.seqlen, args.causal))
+        return
     batch, heads = TOKENS // args.seqlen, HIDDEN // args.hdim
     q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=args.which == "bwd") for _ in range(3))
@@ -64,6 +70,23 @@ def main() -> None:
             return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
         providers = {name: backward_of(forward) for name, forward in forwards.items()}
+    profile(providers)
+
+
+def fp8_providers(head_dim: int, seqlen: int, causal: bool) -> dict[str, Callable[[], object]]:
+    """flash4's FP8 kernel and cuDNN's FP8 attention, as ``python -m flash4 bench --pass
+    fp8`` times them, on one protocol shape."""
+    from flash4 import bench
+
+    batch, heads = TOKENS // seqlen, HIDDEN // head_dim
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return {
+        name: bench.FP8_PROVIDERS[name](q, k, v, causal, head_dim**-0.5)[0] for name in (bench.FLASH4, "cudnn-fp8")
+    }
+
+
+def profile(providers: dict[str, Callable[[], object]]) -> None:
+    """Each provider warmed up, then run once inside an NVTX range of its name."""
     for name, run in providers.items():
         for _ in range(3):
             run()
