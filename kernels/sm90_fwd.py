@@ -13,9 +13,9 @@ Warp roles
                         registers), then the epilogue.
 
 Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per warpgroup)
-  Q ring   1 stage           TMA thread -> all consumer warps; freed after a tile's last S
+  Q ring   q_stages          TMA thread -> all consumer warps; freed after a tile's last S
                              GEMM, or, when a persistent kernel stages O in Q's buffer
-                             (head dim 256), by the storing thread once O is read
+                             (head dim 256, one stage), by the storing thread once O is read
   K ring   kv_stages         TMA thread -> all consumer warps
   V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
 Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem).
