@@ -55,7 +55,16 @@ from flash4.interface import LOG2_E, device_sms
 # 556/701/822/881 -> 566/698/832/892, causal 327/483/639/739 -> 317/482/644/751; FP8 d64
 # full 370/465/574/617 -> 355/433/535/574. The warpgroup left alone runs its blocks
 # unoverlapped, about as long as three in turn, so the tail tile hardly shortens.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# O's rescale skipped when no row of a warp raised its max, with P converted above that
+# branch (rescale_when_needed + p_before_rescale), at head dims 64 and 128: alone the skip
+# lost up to 3% there, with the conversions pushed below the branch after the last
+# exponential (SASS d128: E...E x...x p...p); now they interleave with the exponentials and
+# the 64 (d128) or 32 (d64) FMULs run only in blocks that raise a max.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(rescale_when_needed=True, p_before_rescale=True)],
+    128: [dict(), dict(rescale_when_needed=True, p_before_rescale=True)],
+    256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
