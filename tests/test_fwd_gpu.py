@@ -90,8 +90,8 @@ RAGGED_PAST_ROW_START = 17
     "row", BF16_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in BF16_ROWS]
 )
 def test_every_row_matches_reference(row):
-    # The table's other rows serve only long queries (up to 16k), which the shapes above
-    # do not all reach; each row runs here on the length it starts at plus a ragged tail.
+    # Rows that start at long lengths (up to 16k) are reached by few of the shapes above or
+    # none; each row runs here on the length it starts at plus a ragged tail, GQA 2:1.
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
     assert dispatch.select("sm_90a", "bfloat16", row.head_dim, row.causal, seqlen) is row
     seed = hash(("every-row", row.head_dim, row.causal, seqlen)) % 2**31
@@ -344,8 +344,9 @@ def test_other_row_sum_order_matches_reference(head_dim, causal, seqlen_q, seqle
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (3000, 3000)))
 def test_other_p_order_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
-    # P is converted before O's rescale in some rows (p_before_rescale) and after it in the
-    # others: the same operations on the same values, so the other order gives the same bits.
+    # The 16-bit rows convert P after O's rescale (the FP8 head-dim-256 rows before it,
+    # p_before_rescale): the same operations on the same values, so the other order gives
+    # the same bits.
     from flash4.dispatch import select
 
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.p_before_rescale
