@@ -55,16 +55,12 @@ from flash4.interface import LOG2_E, device_sms
 # 556/701/822/881 -> 566/698/832/892, causal 327/483/639/739 -> 317/482/644/751; FP8 d64
 # full 370/465/574/617 -> 355/433/535/574. The warpgroup left alone runs its blocks
 # unoverlapped, about as long as three in turn, so the tail tile hardly shortens.
+# Lost (2026-11-30, three rounds, 512 / 1k / 4k / 16k; -fwd-sweep-rescale-skip-after-p.json):
 # O's rescale skipped when no row of a warp raised its max, with P converted above that
-# branch (rescale_when_needed + p_before_rescale), at head dims 64 and 128: alone the skip
-# lost up to 3% there, with the conversions pushed below the branch after the last
-# exponential (SASS d128: E...E x...x p...p); now they interleave with the exponentials and
-# the 64 (d128) or 32 (d64) FMULs run only in blocks that raise a max.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(rescale_when_needed=True, p_before_rescale=True)],
-    128: [dict(), dict(rescale_when_needed=True, p_before_rescale=True)],
-    256: [dict()],
-}
+# branch (rescale_when_needed + p_before_rescale), at head dims 64 and 128. d128 full
+# 522/594/652/658 -> 512/568/637/658, causal 338/442/579/628 -> 334/439/564/625; d64 full
+# 358/412/498/533 -> 362/412/501/546 but causal 244/321/437/498 -> 239/307/432/500.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

@@ -344,19 +344,3 @@ def test_other_p_order_compiles_clean(dtype, head_dim):
     report = compile_entry(dataclasses.replace(entry, config=config))
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")
-
-
-@pytest.mark.parametrize("head_dim", (64, 128))
-def test_rescale_skip_after_p_candidate_compiles_clean(head_dim):
-    # The sweep's candidate at head dims 64 and 128 (O's rescale a branch, P converted
-    # above it): no spills, no serialised wgmma, no extra exponential.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-    from flash4.dispatch import select
-
-    entry = select("sm_90a", "bfloat16", head_dim, False, 4096)
-    config = dataclasses.replace(entry.config, rescale_when_needed=True, p_before_rescale=True)
-    report = compile_entry(dataclasses.replace(entry, config=config))
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")
