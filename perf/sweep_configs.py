@@ -60,6 +60,13 @@ from flash4.interface import LOG2_E, device_sms
 # branch (rescale_when_needed + p_before_rescale), at head dims 64 and 128. d128 full
 # 522/594/652/658 -> 512/568/637/658, causal 338/442/579/628 -> 334/439/564/625; d64 full
 # 358/412/498/533 -> 362/412/501/546 but causal 244/321/437/498 -> 239/307/432/500.
+# Lost (2026-11-30, three rounds, 512 / 1k / 4k / 16k; -fwd-sweep-deferred-pv-wait.json):
+# each block's wait for its P V, O's rescale and P's conversion moved to the start of the
+# next block's step (bit-identical). Within one block ptxas (cu13) hoists that wait above
+# every exponential at head dims 64 and 128 (ncu, d128 full 8k: 7% of the loop's stall
+# samples on it); behind the back edge the exponentials do overlap P V, yet d128 full
+# 509/564/635/654 -> 485/542/595/601, causal 343/443/578/621 -> 327/423/551/596, d64 full
+# 363/414/496/530 -> 336/388/476/513; d256 within 1%.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
