@@ -1,6 +1,9 @@
 """Read a kernel's SASS without a GPU: compile a selector row for sm_90a, disassemble it.
 
     pip install nvidia-cuda-nvdisasm          # once: the disassembler, from NVIDIA's wheel
+    pip install nvidia-cutlass-dsl-libs-cu13  # the GPU machine's toolkit: with only the cu12
+                                              # libs, ptxas schedules differently (2600
+                                              # instructions against the GPU's 2560 at d128)
     python perf/sass_local.py --hdim 256 [--causal] [--seqlen 1] [--change '{"persistent": true}']
                               [--dump kernel.sass]
 

@@ -94,6 +94,13 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
 # 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
 # 331/479/732. Taken at d128 full below 1k after a fourth sweep (flash4/dispatch.py).
+# Lost (2026-11-30, three rounds, 512 / 1k / 4k / 16k; -fp8-sweep-exp2-on-fma.json): every
+# 3rd or 4th column group of an unmasked block's S with exp2 on the FMA pipe (a cubic on
+# packed f16, the exponent added as an integer; about 11 instructions a pair for two
+# MUFU.EX2; GPU tests against the FP8 model passed). d128 full 555/697/884/949 ->
+# 540/669/829/882 (every 3rd), causal 327/518/730/865 -> 333/527/704/812 (every 4th); d64
+# full 371/466/621/696 -> 376/462/597/644, causal 234/323/499/604 -> 239/329/468/562. +1-2%
+# at 512-1k causal, -5-8% from 4k: MUFU's rate is not what binds; issue slots are.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
