@@ -67,6 +67,11 @@ from flash4.interface import LOG2_E, device_sms
 # samples on it); behind the back edge the exponentials do overlap P V, yet d128 full
 # 509/564/635/654 -> 485/542/595/601, causal 343/443/578/621 -> 327/423/551/596, d64 full
 # 363/414/496/530 -> 336/388/476/513; d256 within 1%.
+# Lost (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-one-tile-long.json): one tile
+# per CTA (one Q slot) at head dims 64 and 128 on long sequences, where ncu (d128 full 8k)
+# showed the persistent grid idle at its end 1.7% of the time against flash-attn-4's 1.0%:
+# d128 full 646/648/651 -> 617/630/635, causal 579/605/615 -> 534/574/618; d64 full
+# 500/526/527 -> 484/519/528, causal 431/470/495 -> 413/470/496.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
