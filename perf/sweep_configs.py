@@ -72,6 +72,10 @@ from flash4.interface import LOG2_E, device_sms
 # showed the persistent grid idle at its end 1.7% of the time against flash-attn-4's 1.0%:
 # d128 full 646/648/651 -> 617/630/635, causal 579/605/615 -> 534/574/618; d64 full
 # 500/526/527 -> 484/519/528, causal 431/470/495 -> 413/470/496.
+# Lost (2026-11-30, three rounds, 512 / 1k / 2k; -fwd-sweep-64-key-blocks.json): 64-key blocks
+# at head dims 64 and 128 on short sequences (twice the steps a tile, so a shorter pipeline
+# fill and drain): d64 full 360/414/476 -> 344/386/437, causal 242/320/380 -> 223/291/340;
+# d128 full 527/584/616 -> 475/521/550, causal 337/441/517 -> 321/409/478.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
