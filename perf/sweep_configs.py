@@ -76,6 +76,10 @@ from flash4.interface import LOG2_E, device_sms
 # at head dims 64 and 128 on short sequences (twice the steps a tile, so a shorter pipeline
 # fill and drain): d64 full 360/414/476 -> 344/386/437, causal 242/320/380 -> 223/291/340;
 # d128 full 527/584/616 -> 475/521/550, causal 337/441/517 -> 321/409/478.
+# Lost or tied (2026-11-30, three rounds, 512 / 1k / 2k / 8k; -fwd-sweep-no-pingpong.json): no
+# ping-pong at head dims 64 and 128, rechecked on today's persistent rows: d64 full
+# 360/419/482/531 -> 360/391/448/515, causal 243/321/379/473 -> 239/306/353/442; d128 full
+# 525/599/628/660 -> 523/583/613/639, causal 337/445/524/610 -> 334/440/520/609.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
