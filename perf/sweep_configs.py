@@ -80,6 +80,12 @@ from flash4.interface import LOG2_E, device_sms
 # ping-pong at head dims 64 and 128, rechecked on today's persistent rows: d64 full
 # 360/419/482/531 -> 360/391/448/515, causal 243/321/379/473 -> 239/306/353/442; d128 full
 # 525/599/628/660 -> 523/583/613/639, causal 337/445/524/610 -> 334/440/520/609.
+# The S GEMM issued from inline PTX with 32-bit descriptor arithmetic (the DSL adds each
+# k-step's offset to the 64-bit descriptor with a carry: 5 uniform instructions per wgmma
+# in the key loop, 3.5 this way; 2026-11-30, three rounds, 1k / 4k / 16k,
+# -fwd-sweep-asm-s-gemm.json, bit-identical): d128 full 589/645/663 -> 582/640/649, causal
+# 451/575/621 -> 445/571/620; FP8 d128 full 704/960 -> 705/960 at 1k / 16k
+# (-fp8-sweep-asm-s-gemm.json). Fewer instructions do not pay: issue is not what binds.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
