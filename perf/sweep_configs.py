@@ -86,6 +86,13 @@ from flash4.interface import LOG2_E, device_sms
 # -fwd-sweep-asm-s-gemm.json, same max distance to SDPA): d128 full 589/645/663 -> 582/640/649, causal
 # 451/575/621 -> 445/571/620; FP8 d128 full 704/960 -> 705/960 at 1k / 16k
 # (-fp8-sweep-asm-s-gemm.json). Fewer instructions do not pay: issue is not what binds.
+# P in two register buffers taking turns, so that the softmax never waits for the P V GEMM
+# reading the previous P (ptxas puts that wait before every exponential of the block; here
+# none), O's rescale moved to the top of the next step, before its turn (2026-11-30, three
+# rounds, 1k / 4k / 16k, -fwd-sweep-two-p-buffers.json; 53 GPU tests bit-identical to the
+# table's kernels): d128 full 587/649/651 -> 559/629/644, causal 434/573/621 -> 429/572/623.
+# With the wait pinned below the exponentials by a uniform branch instead, ptxas
+# serialised the wgmmas. Not taken: the wait is not what the tensor cores idle on.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
