@@ -127,6 +127,12 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 540/669/829/882 (every 3rd), causal 327/518/730/865 -> 333/527/704/812 (every 4th); d64
 # full 371/466/621/696 -> 376/462/597/644, causal 234/323/499/604 -> 239/329/468/562. +1-2%
 # at 512-1k causal, -5-8% from 4k: MUFU's rate is not what binds; issue slots are.
+# Probe, not a candidate (2026-11-30, two rounds, -fp8-probe-no-row-sum.json; output wrong
+# on purpose): the FP8 softmax without its row-sum additions (48 FADDs a thread per block
+# at head dim 128, a sixth of the loop's instructions) runs d64 full 465/695 -> 487/737,
+# d128 full 697/950 -> 722/997 at 1k / 16k. So issue slots bind there, and the sum is worth
+# moving to the tensor cores: a column of ones beside V (P V with N = 136 at head dim 128,
+# 6% more P V work) accumulates the row sum in O's accumulator, rescaled with O for free.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
