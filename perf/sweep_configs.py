@@ -133,6 +133,8 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # d128 full 697/950 -> 722/997 at 1k / 16k. So issue slots bind there, and the sum is worth
 # moving to the tensor cores: a column of ones beside V (P V with N = 136 at head dim 128,
 # 6% more P V work) accumulates the row sum in O's accumulator, rescaled with O for free.
+# The same probe on the 16-bit kernel (-fwd-probe-no-row-sum.json, output check bypassed)
+# gains nothing: d64 full 418/533 -> 420/526, d128 593/651 -> 577/652 at 1k / 16k.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
