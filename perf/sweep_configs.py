@@ -83,9 +83,10 @@ from flash4.interface import LOG2_E, device_sms
 # The S GEMM issued from inline PTX with 32-bit descriptor arithmetic (the DSL adds each
 # k-step's offset to the 64-bit descriptor with a carry: 5 uniform instructions per wgmma
 # in the key loop, 3.5 this way; 2026-11-30, three rounds, 1k / 4k / 16k,
-# -fwd-sweep-asm-s-gemm.json, same max distance to SDPA): d128 full 589/645/663 -> 582/640/649, causal
-# 451/575/621 -> 445/571/620; FP8 d128 full 704/960 -> 705/960 at 1k / 16k
-# (-fp8-sweep-asm-s-gemm.json). Fewer instructions do not pay: issue is not what binds.
+# -fwd-sweep-asm-s-gemm.json, same max distance to SDPA): d128 full 589/645/663 ->
+# 582/640/649, causal 451/575/621 -> 445/571/620; FP8 d128 full 704/960 -> 705/960 at
+# 1k / 16k (-fp8-sweep-asm-s-gemm.json). Fewer instructions do not pay: issue is not what
+# binds in the 16-bit kernel.
 # P in two register buffers taking turns, so that the softmax never waits for the P V GEMM
 # reading the previous P (ptxas puts that wait before every exponential of the block; here
 # none), O's rescale moved to the top of the next step, before its turn (2026-11-30, three
