@@ -136,6 +136,13 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 6% more P V work) accumulates the row sum in O's accumulator, rescaled with O for free.
 # The same probe on the 16-bit kernel (-fwd-probe-no-row-sum.json, output check bypassed)
 # gains nothing: d64 full 418/533 -> 420/526, d128 593/651 -> 577/652 at 1k / 16k.
+# Prototype (branch proto/fp8-row-sum-by-mma, 2026-11-30, two rounds, 1k / 16k,
+# -fp8-sweep-row-sum-by-mma.json): the row sum from a second RS wgmma per k-step, P times
+# an all-ones e4m3 tile (64x8 fp32, in P V's commit group), added one block late. Same max
+# distance to SDPA; d64 full 465/693 -> 483/718, causal 322/605 -> 331/617; d128 full
+# 698/934 -> 711/965, causal 517/863 -> 514/875. To land: the LSE then comes from the sum
+# of the e4m3-rounded P (check its error against the tests' bound, else keep the FADD sum
+# in the variant compiled with an LSE), the float64 model's option, the tests.
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
