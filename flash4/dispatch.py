@@ -146,7 +146,9 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 1k to 2k on two warpgroups, 128-key blocks and two Q slots, 484 -> 515 at 1k (2k: 641 ->
 # 632; without ping-pong 517 / 626). Full, that tile lost (698/830/939 -> 674/755/851), as
 # did 160-key blocks (658/779/872) and 64-key ones on three warpgroups (621/733/832).
-_SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
+_SM90_FP8_BASE = dict(
+    fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True, row_sum_on_tensor_cores=True
+)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3)),),
@@ -228,7 +230,8 @@ def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tens
 
 @functools.lru_cache(maxsize=None)
 def _with_blockwise_v(entry: KernelEntry) -> KernelEntry:
-    return replace(entry, config=replace(entry.config, fp8_v_per_tensor=False))
+    # P's scale then changes from block to block: the row sums stay on the CUDA cores.
+    return replace(entry, config=replace(entry.config, fp8_v_per_tensor=False, row_sum_on_tensor_cores=False))
 
 
 def format_table(arch: str | None = None) -> str:

@@ -353,7 +353,7 @@ def fp8_attention(
 
 def fp8_blockwise_attention(
     q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor, softmax_scale: float | None = None, causal: bool = False,
-    block_m: int = 128, block_n: int = 128,
+    block_m: int = 128, block_n: int = 128, sum_rounded_p: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 kernel's algorithm (kernels/sm90_fwd_fp8.py with BlockScaledSoftmax) tile by
     tile, in float64: the model the kernel must match. Returns (out, lse) like
@@ -364,7 +364,9 @@ def fp8_blockwise_attention(
     does. Scores are e4m3 products (exact here) times scale·log2(e) and the two descales;
     the running max ``m`` is in those log2 units. P is scaled by 448 · v_descale[j] / v_ref,
     v_ref the largest V descale so far, and rounded to e4m3 (saturating) before P V; the
-    row sum adds P divided by that scale. O is rescaled when the max or v_ref grows.
+    row sum adds P divided by that scale; with ``sum_rounded_p``, P after its rounding (as
+    the kernels compiled without an LSE, whose row sums run on the tensor cores). O is
+    rescaled when the max or v_ref grows.
     """
     q8, k8, v8 = (t.values.double() for t in (q, k, v))
     batch, seqlen_q, heads, head_dim = q8.shape
@@ -415,8 +417,8 @@ def fp8_blockwise_attention(
             probs = torch.exp2(scores - safe_max.unsqueeze(-1)) * p_scale.unsqueeze(-1)
             correction = torch.exp2(row_max - safe_max)
             growth = 1.0 if v_ref is None else (v_ref / v_new)[..., None]
-            row_sum = row_sum * correction + probs.sum(dim=-1) / p_scale
             p_fp8 = probs.clamp(max=FP8_MAX).to(FP8_DTYPE).double()
+            row_sum = row_sum * correction + (p_fp8 if sum_rounded_p else probs).sum(dim=-1) / p_scale
             acc = acc * (correction * growth).unsqueeze(-1) + p_fp8 @ v8[:, :, n_start:n_end]
             row_max, v_ref = new_max, v_new
         has_key = row_sum > 0

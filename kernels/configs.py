@@ -18,11 +18,16 @@ SM90_SMEM_BYTES = 227 * 1024
 BARRIER_BYTES = 1024
 # Accumulators, LSE and D are fp32.
 FP32_BYTES = 4
+# Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
+# pattern repeats every 1024 bytes and must line up with the buffer's start.
+SMEM_ALIGN_BYTES = 1024
 # A TMA tile copy's shared-memory side starts on 128 bytes: every stage of a ring, the
 # backward's per-row LSE and D rings included.
 TMA_SMEM_ALIGN_BYTES = 128
 # An FP8 wgmma's k-step: 32 one-byte elements, one 32-byte row of its operand core matrix.
 FP8_MMA_K = 32
+# The FP8 row-sum GEMM's width (kernels/tensor_core_row_sum.py): wgmma's narrowest N.
+ROW_SUM_COLUMNS = 8
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
@@ -77,6 +82,11 @@ class Sm90ForwardConfig:
     # the gaps of the MUFU.EX2 stream. Same bits. The FP8 head-dim-256 rows take it (+2-6%);
     # elsewhere it tied or lost (flash4/dispatch.py, perf/sweep_configs.py).
     p_before_rescale: bool = False
+    # FP8, V per tensor: each block's row sums from a second wgmma, P times a tile of ones,
+    # in P V's commit group, instead of FADDs on the CUDA cores, whose issue slots bind
+    # (kernels/tensor_core_row_sum.py). Only the variant compiled without an LSE takes it:
+    # it sums the e4m3-rounded P, which normalises O exactly but is not the true LSE.
+    row_sum_on_tensor_cores: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -95,7 +105,8 @@ class Sm90ForwardConfig:
         return not self.persistent or self._smem_bytes(own_o_buffer=True) > SM90_SMEM_BYTES
 
     def smem_bytes(self) -> int:
-        """Q tile, O tile (unless O is staged in Q's buffer), the K and V rings, barriers."""
+        """Q tile, O tile (unless O is staged in Q's buffer), the K and V rings, the row-sum
+        GEMM's ones tile (if any), barriers."""
         return self._smem_bytes(not self.o_in_q_buffer)
 
     def _smem_bytes(self, own_o_buffer: bool) -> int:
@@ -103,7 +114,9 @@ class Sm90ForwardConfig:
         q = self.q_stages * self.tile_m * self.head_dim * in_bytes
         o = self.tile_m * self.head_dim * 2 if own_o_buffer else 0
         kv = 2 * self.kv_stages * self.tile_n * self.head_dim * in_bytes
-        return q + o + kv + BARRIER_BYTES
+        ones = ROW_SUM_COLUMNS * self.tile_n if self.row_sum_on_tensor_cores else 0
+        ones = -(-ones // SMEM_ALIGN_BYTES) * SMEM_ALIGN_BYTES
+        return q + o + kv + ones + BARRIER_BYTES
 
     def __post_init__(self) -> None:
         if self.consumer_warpgroups not in (2, 3):
@@ -123,6 +136,11 @@ class Sm90ForwardConfig:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
+        if self.row_sum_on_tensor_cores and not self.fp8_v_per_tensor:
+            raise ValueError(
+                "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True (the FP8 P whose scale is the same "
+                "for every key block)"
+            )
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:

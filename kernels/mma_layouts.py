@@ -17,9 +17,12 @@ import cutlass.cute as cute
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
     """(rows, cols) view of an accumulator: ``((2, M), (2, N/8, N_tiles))``."""
     compact = cute.make_layout(acc.layout.shape)
-    (c2, r2, v), m, n = compact.shape
-    (sc, sr, sv), sm, sn = compact.stride
-    view = cute.make_layout(((r2, m), (c2, v, n)), stride=((sr, sm), (sc, sv, sn)))
+    (c2, r2, *v), m, n = compact.shape
+    (sc, sr, *sv), sm, sn = compact.stride
+    if not v:
+        # N = 8: one column group, a mode the fragment leaves out.
+        v, sv = [1], [0]
+    view = cute.make_layout(((r2, m), (c2, v[0], n)), stride=((sr, sm), (sc, sv[0], sn)))
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
 
 

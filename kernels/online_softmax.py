@@ -139,13 +139,20 @@ class BlockScaledSoftmax(OnlineSoftmax):
     through the exponent. When v_ref grows, O is rescaled with the max's factor. The row
     sum adds each block's P divided by its scale, so it counts true probabilities;
     ``finalize`` returns 1/l times v_ref / E4M3_MAX, the factor O needs.
+
+    With ``sums_on_tensor_cores`` (V per tensor only) the row sums come from the GEMM
+    beside P V instead (kernels/tensor_core_row_sum.py), through ``add_tensor_core_sums``:
+    sums of the rounded P, whole rows, one block behind the max.
     """
 
     def __init__(
         self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor,
-        v_per_tensor: bool = False,
+        v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
     ):
         super().__init__(scale_log2, rows)
+        if sums_on_tensor_cores and not v_per_tensor:
+            raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
+        self.sums_on_tensor_cores = sums_on_tensor_cores
         self.k_descale = k_descale
         self.v_descale = v_descale
         self.v_ref = cute.make_rmem_tensor(1, Float32)
@@ -189,7 +196,10 @@ class BlockScaledSoftmax(OnlineSoftmax):
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale, is_first, masked)
             p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
             s[r, None].store(p)
-            partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * inv_p_scale
+            if cutlass.const_expr(self.sums_on_tensor_cores):
+                partial = Float32(0.0)
+            else:
+                partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) * inv_p_scale
             if cutlass.const_expr(is_first):
                 row_scale[r] = 1.0
                 self.row_sum[r] = partial
@@ -199,8 +209,21 @@ class BlockScaledSoftmax(OnlineSoftmax):
                     row_scale[r] = factor
                 else:
                     row_scale[r] = factor * (v_old / v_new)
-                self.row_sum[r] = self.row_sum[r] * factor + partial
+                if cutlass.const_expr(not self.sums_on_tensor_cores):
+                    self.row_sum[r] = self.row_sum[r] * factor + partial
         return row_scale
+
+    @cute.jit
+    def add_tensor_core_sums(self, sums: cute.Tensor, row_scale) -> None:
+        """Add the row sums of the P that the last P V read (``sums``: the row-sum GEMM's
+        accumulator, every column the whole row), which are in the units of the max before
+        this block's; then apply this block's ``row_scale`` (None after the last block)."""
+        l = acc_rows_cols(sums)
+        for r in cutlass.range_constexpr(self.rows):
+            total = self.row_sum[r] + l[r, 0] * (1.0 / E4M3_MAX)
+            if cutlass.const_expr(row_scale is not None):
+                total = total * row_scale[r]
+            self.row_sum[r] = total
 
     @cute.jit
     def finalize(self, lse: cute.Tensor) -> cute.Tensor:
@@ -208,7 +231,9 @@ class BlockScaledSoftmax(OnlineSoftmax):
         inv_sum = cute.make_rmem_tensor(self.rows, Float32)
         o_factor = (self.v_descale[0] if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
         for r in cutlass.range_constexpr(self.rows):
-            total = cute.arch.warp_reduction_sum(self.row_sum[r], threads_in_group=THREADS_PER_ROW)
+            total = self.row_sum[r]
+            if cutlass.const_expr(not self.sums_on_tensor_cores):
+                total = cute.arch.warp_reduction_sum(total, threads_in_group=THREADS_PER_ROW)
             empty = total == 0.0
             inv_sum[r] = 0.0 if empty else cute.arch.rcp_approx(total) * o_factor
             lse[r] = -Float32.inf if empty else self.row_max[r] * math.log(2.0) + cute.math.log(total, fastmath=True)

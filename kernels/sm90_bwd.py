@@ -58,13 +58,12 @@ from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init,
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bulk_reduce import bulk_reduce_add_f32
 from .configs import (
-    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig,
+    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
+    Sm90BackwardConfig,
 )
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import (
-    SMEM_ALIGN_BYTES, accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
-)
+from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
 # The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
 # consumers hand a written dQ part over and go on instead of waiting for the TMA engine's

@@ -35,7 +35,7 @@ the causal diagonal) first, so the rest of the loop runs without any mask arithm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Type
 
 import cuda.bindings.driver as cuda
@@ -56,12 +56,14 @@ from ..pipelines.tma_pipeline import (
     producer_state,
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import ROWS_PER_CONSUMER_WARPGROUP, Sm90ForwardConfig
+from .configs import ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
-from .wgmma import SMEM_ALIGN_BYTES, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+from .tensor_core_row_sum import TensorCoreRowSum, fill_ones, ones_tile_layout
+from .wgmma import issue_gemm, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+
 
 @dataclass(frozen=True)
 class Rings:
@@ -73,6 +75,8 @@ class Rings:
     sQ: cute.Tensor
     sK: cute.Tensor
     sV: cute.Tensor
+    # The row-sum GEMM's all-ones B operand (kernels/tensor_core_row_sum.py), or None.
+    sOnes: Optional[cute.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ class ConsumerOperands:
     p: cute.Tensor
     coords: cute.Tensor
     coords0: cute.Tensor
+    # The row sums of P by a second GEMM beside P V (``sums_on_tensor_cores``), or None.
+    row_sums: Optional[TensorCoreRowSum] = None
 
 
 class Sm90ForwardKernel:
@@ -141,6 +147,8 @@ class Sm90ForwardKernel:
         # GEMM, or, when a persistent kernel stages O in it, after the TMA store has read O.
         self.q_freed_by_store = config.persistent and config.o_in_q_buffer
         self.q_stages = config.q_stages
+        # Set per compiled variant by ``launch`` (it depends on whether an LSE is written).
+        self.sums_on_tensor_cores = False
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -174,6 +182,9 @@ class Sm90ForwardKernel:
         max_ctas: Int32,
         stream: cuda.CUstream,
     ):
+        # Decided per compiled variant: the tensor cores' row sum is of the rounded P, which
+        # normalises O but is not the true LSE (Sm90ForwardConfig.row_sum_on_tensor_cores).
+        self.sums_on_tensor_cores = self.config.row_sum_on_tensor_cores and mLSE is None
         mQ, mK, mO = (rows_first(t) for t in (mQ, mK, mO))
         mV = self.v_rows_first(mV)
         if cutlass.const_expr(mLSE is not None):
@@ -249,6 +260,8 @@ class Sm90ForwardKernel:
         }
         if not self.config.o_in_q_buffer:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
+        if self.sums_on_tensor_cores:
+            fields["sOnes"] = buffer(cute.cosize(ones_tile_layout(self.dtype, self.tile_n)))
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
@@ -307,6 +320,10 @@ class Sm90ForwardKernel:
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
         )
+        if cutlass.const_expr(self.sums_on_tensor_cores):
+            ones_layout = ones_tile_layout(self.dtype, self.tile_n)
+            rings = replace(rings, sOnes=storage.sOnes.get_tensor(ones_layout.outer, swizzle=ones_layout.inner))
+            fill_ones(storage.sOnes.data_ptr(), self.tile_n, cute.arch.thread_idx()[0], self.budget.threads)
         # O goes out through Q's buffer unless it has its own: each warpgroup overwrites only
         # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
         sO = rings.sQ[None, None, 0]
@@ -540,6 +557,11 @@ class Sm90ForwardKernel:
         # tracking which GEMM is the first.
         acc_o.fill(0.0)
         tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        row_sums = None
+        if cutlass.const_expr(self.sums_on_tensor_cores):
+            row_sums = TensorCoreRowSum.make(
+                self.dtype, self.consumer_warpgroups, rings.sOnes, warpgroup_idx * THREADS_PER_WARPGROUP
+            )
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
@@ -555,6 +577,7 @@ class Sm90ForwardKernel:
             coords=tiled_mma_qk.get_slice(tidx).partition_C(tile_coords),
             # Thread 0's coordinates: known at compile time (see mask_scores).
             coords0=tiled_mma_qk.get_slice(0).partition_C(tile_coords),
+            row_sums=row_sums,
         )
 
     @cute.jit
@@ -600,10 +623,12 @@ class Sm90ForwardKernel:
             q_state.advance()
         # The last block's P V.
         rings.v.consumer_wait(state)
-        warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, state.index], False)
+        self.pv_gemm(ops, state.index)
         warpgroup.wait_group(0)
         rings.v.consumer_release(state)
         state.advance()
+        if cutlass.const_expr(self.sums_on_tensor_cores):
+            softmax.add_tensor_core_sums(ops.row_sums.acc, None)
         softmax.rescale(ops.acc_o, softmax.finalize(lse))
         return q_state, state
 
@@ -628,7 +653,7 @@ class Sm90ForwardKernel:
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         rings.v.consumer_wait(v_state)
-        warpgroup_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_state.index], False)
+        self.pv_gemm(ops, v_state.index)
         if cutlass.const_expr(self.pingpong):
             pingpong.pass_turn()
         block = softmax.block_inputs(n_block)
@@ -640,6 +665,9 @@ class Sm90ForwardKernel:
         row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
         warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
+        if cutlass.const_expr(self.sums_on_tensor_cores):
+            # The sums of the P that this P V read, then this block's factor, as O gets.
+            softmax.add_tensor_core_sums(ops.row_sums.acc, row_scale)
         if cutlass.const_expr(self.config.p_before_rescale):
             self.store_p(acc_s, ops.p)
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
@@ -647,6 +675,16 @@ class Sm90ForwardKernel:
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
             self.store_p(acc_s, ops.p)
         return state
+
+    @cute.jit
+    def pv_gemm(self, ops: ConsumerOperands, v_index) -> None:
+        """O += P V with V from slot ``v_index`` of its ring (and P's row sums beside it),
+        one commit group."""
+        warpgroup.fence()
+        issue_gemm(ops.tiled_mma_pv, ops.acc_o, ops.p, ops.tOrVt[None, None, None, v_index], False)
+        if cutlass.const_expr(self.sums_on_tensor_cores):
+            ops.row_sums.issue(ops.p)
+        warpgroup.commit_group()
 
     @cute.jit
     def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> None:

@@ -85,6 +85,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             k_descale[tile.batch, kv_head, None],
             v_descale[tile.batch, kv_head, None],
             self.config.fp8_v_per_tensor,
+            self.sums_on_tensor_cores,
         )
 
     @cute.jit

@@ -1,5 +1,5 @@
 """Hopper building blocks shared by the sm_90 kernels: swizzled operand tiles in shared
-memory, their TMA partitions, and one warpgroup GEMM issued as a single commit group; and
+memory, their TMA partitions, and warpgroup GEMMs issued as commit groups; and
 the row-first view of flash4's tensors that all of them index."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS
+from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, SMEM_ALIGN_BYTES
 
-# Shared-memory buffers read by TMA and wgmma start on 1 KiB: the 128-byte swizzle
-# pattern repeats every 1024 bytes and must line up with the buffer's start.
-SMEM_ALIGN_BYTES = 1024
 
 
 def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages: int | None = None):
@@ -78,6 +75,20 @@ def warpgroup_gemm(
 ) -> None:
     """Issue one warpgroup GEMM over all k-slices and commit it as one group."""
     warpgroup.fence()
+    issue_gemm(tiled_mma, acc, a, b, zero_init)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def issue_gemm(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    a: cute.Tensor,
+    b: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool],
+) -> None:
+    """The wgmmas of one GEMM over all k-slices, without the fence before them or the
+    commit after: for GEMMs that share one commit group."""
     # A fresh atom per GEMM: its accumulate flag is changed below, and a flag set on an
     # atom shared by several GEMMs would leak from one into the next.
     atom = cute.make_mma_atom(tiled_mma.op)
@@ -85,4 +96,3 @@ def warpgroup_gemm(
     for k in cutlass.range_constexpr(cute.size(a.shape[2])):
         cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()

@@ -81,6 +81,8 @@ def test_invalid_backward_configs_name_the_field(fields, message):
     "fields,message",
     [
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
+        (dict(row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True"),
+        (dict(fp8=True, row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor"),
     ],
 )
 def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):

@@ -205,6 +205,28 @@ def test_fp8_kernel_builds_fp8_gemms_and_converts_p_in_registers(entry):
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
 
 
+ROWS_SUMMING_ON_TENSOR_CORES = [row for row in FP8_ROWS if row.config.row_sum_on_tensor_cores]
+
+
+@pytest.mark.parametrize(
+    "entry", ROWS_SUMMING_ON_TENSOR_CORES,
+    ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}" for r in ROWS_SUMMING_ON_TENSOR_CORES],
+)
+def test_fp8_kernel_without_lse_sums_rows_on_the_tensor_cores(entry):
+    from flash4.compiler import compile_entry
+
+    report = compile_entry(entry, arch="sm_90a", with_lse=False)
+    ptx, config = report.ptx, entry.config
+    gemms = Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)\.f32\.e4m3\.e4m3", ptx))
+    # Beside each P V (both loops and the last block), P times the ones tile: N = 8.
+    s_steps, pv_steps = config.head_dim // 32, config.tile_n // 32
+    expected = Counter({f"m64n{config.tile_n}k32": 3 * s_steps}) + Counter({f"m64n{config.head_dim}k32": 3 * pv_steps})
+    assert gemms == expected + Counter({"m64n8k32": 3 * pv_steps})
+    # The row sums come whole from the GEMM: only the max's quad reductions remain.
+    assert ptx.count("shfl.sync.bfly") == 2 * 2 * 3
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+
+
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (300, 300), (300, 129), (129, 300), (17, 1000)))
 def test_blockwise_fp8_model_is_the_fp8_model_tile_by_tile(causal, seqlen_q, seqlen_k):
@@ -230,6 +252,30 @@ def test_blockwise_fp8_model_is_the_fp8_model_tile_by_tile(causal, seqlen_q, seq
         assert err <= 1e-12
     else:
         assert 0.75 * model_err <= err <= 1.25 * model_err, (err, model_err)
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_model_summing_rounded_p_normalises_by_the_weights_it_used(causal):
+    # One key block of 100 keys: the kernel's algorithm is the row-at-once one, so with
+    # sum_rounded_p the output is exactly (P8 V) / sum(P8) with P8 = e4m3(448 exp2(s - m)),
+    # each row's weights summing to one; without it, it differs from that.
+    from flash4 import reference
+
+    q, k, v = (torch.randn(1, 100, 2, 64) for _ in range(3))
+    q8, k8, v8 = (quantize_fp8(t, None) for t in (q, k, v))
+    # In float64 from the e4m3 values (dequantize's float32 products would move some P
+    # across an e4m3 rounding boundary).
+    q_values, k_values, v_values = (t.values.double() for t in (q8, k8, v8))
+    scale = 64**-0.5 * math.log2(math.e) * q8.descale.double() * k8.descale.double()
+    scores = torch.einsum("bqhd,bkhd->bhqk", q_values, k_values) * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(100, 100, dtype=torch.bool).triu(1), -math.inf)
+    p8 = (torch.exp2(scores - scores.amax(-1, keepdim=True)) * FP8_MAX).to(torch.float8_e4m3fn).double()
+    want = torch.einsum("bhqk,bkhd->bqhd", p8 / p8.sum(-1, keepdim=True), v_values) * v8.descale.double()
+    out, _ = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, sum_rounded_p=True)
+    assert torch.allclose(out, want, rtol=1e-12, atol=1e-12)
+    out_true_sum, _ = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal)
+    assert (out_true_sum - want).abs().max() > 1e-6
 
 
 def test_blockwise_fp8_model_folds_each_v_descale():

@@ -11,7 +11,9 @@ rounding, but it sees S's: Hopper's FP8 wgmma keeps about 14 bits of its running
 k-blocks), so each of S's head_dim / 32 accumulation steps may lose up to 2^-13 of the sum
 of |q_i k_i| (scaled): a row's LSE, 1-Lipschitz in its scores, may move by that much over
 the row's largest such sum, plus the 1e-3 that the bf16 kernels' LSE must match to. A wrong
-descale or mask moves it by far more. Outputs come from a NaN-poisoned allocator.
+descale or mask moves it by far more. Without an LSE, kernels whose row sums run on the
+tensor cores sum the rounded P (Sm90ForwardConfig.row_sum_on_tensor_cores); the model then
+does too. Outputs come from a NaN-poisoned allocator.
 """
 
 from __future__ import annotations
@@ -44,14 +46,22 @@ def _rms(x: torch.Tensor) -> float:
 
 
 def _check(q8, k8, v8, causal, out, lse):
+    """``lse``: None for the kernel variant compiled without one."""
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
-    blocks = fp8_blocks(qd.shape[-1], causal, qd.shape[1])
-    model = reference.fp8_blockwise_attention(q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv)[0]
+    head_dim, seqlen_q = qd.shape[-1], qd.shape[1]
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
+    entry = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v8.block is None)
+    model = reference.fp8_blockwise_attention(
+        q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv,
+        sum_rounded_p=lse is None and entry.config.row_sum_on_tensor_cores,
+    )[0]
     model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
     bound = RMSE_SLACK * _rms(model - exact) + BF16_HALF_STEP * _rms(exact)
     assert _rms(out - exact) <= bound, f"RMSE {_rms(out - exact):.3g} > {bound:.3g} (model {_rms(model - exact):.3g})"
+    if lse is None:
+        return
     empty = lse_exact == -math.inf
     assert torch.equal(lse == -math.inf, empty), "rows without keys must have LSE = -inf, only those"
     if (~empty).any():
@@ -96,9 +106,10 @@ RAGGED_PAST_ROW_START = 17
 @pytest.mark.parametrize(
     "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
 )
-def test_every_row_matches_its_model(row):
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_every_row_matches_its_model(row, return_lse):
     # Each row of the FP8 table (the shapes above reach only some of them) on the length
-    # it starts at plus a ragged tail, GQA 4:1.
+    # it starts at plus a ragged tail, GQA 4:1; with an LSE and without.
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
     assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) is row
     g = torch.Generator(device="cuda").manual_seed(seqlen * 7 + row.head_dim + row.causal)
@@ -108,8 +119,9 @@ def test_every_row_matches_its_model(row):
     blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
     q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
     poison_allocator()
-    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=row.causal, return_lse=True)
+    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=row.causal, return_lse=return_lse)
     torch.cuda.synchronize()
+    out, lse = result if return_lse else (result, None)
     _check(q8, k8, v8, row.causal, out, lse)
 
 
@@ -139,8 +151,10 @@ def test_flash_attn_fp8_quantizes_and_runs():
     exact, _ = reference.attention(q, k, v, causal=True, compute_dtype=torch.float64)
     blocks = fp8_blocks(128, True, 1000)
     q8, k8 = flash4.quantize_fp8(q, blocks.q, True), flash4.quantize_fp8(k, blocks.kv, True)
+    # Without an LSE: the row sums of the kernel's variant (see the module docstring).
+    rounded = dispatch.select_fp8("sm_90a", 128, True, 1000, True).config.row_sum_on_tensor_cores
     model = reference.fp8_blockwise_attention(
-        q8, k8, flash4.quantize_fp8(v, None), causal=True, block_m=blocks.q, block_n=blocks.kv
+        q8, k8, flash4.quantize_fp8(v, None), causal=True, block_m=blocks.q, block_n=blocks.kv, sum_rounded_p=rounded
     )[0]
     bound = RMSE_SLACK * _rms(model.to(torch.bfloat16) - exact) + BF16_HALF_STEP * _rms(exact)
     assert out.dtype == torch.bfloat16 and _rms(out - exact) <= bound
@@ -205,8 +219,9 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
         assert torch.equal(fused.descale, got.descale)
 
 
-def _run_variant(q8, k8, v8, causal: bool, **changes):
-    """The selector's FP8 kernel for these inputs with ``changes`` to its config: (out, lse)."""
+def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
+    """The selector's FP8 kernel for these inputs with ``changes`` to its config: (out, lse),
+    lse None ``with_lse=False``."""
     import dataclasses
 
     from flash4.compiler import compiled_forward
@@ -221,8 +236,8 @@ def _run_variant(q8, k8, v8, causal: bool, **changes):
     n_q, n_k = -(-seqlen_q // entry.config.tile_m), -(-seqlen_k // entry.config.tile_n)
     poison_allocator()
     out = torch.empty(q8.values.shape, dtype=OUT_DTYPE, device="cuda")
-    lse = torch.empty(batch, heads, seqlen_q, device="cuda")
-    compiled_forward(entry)(
+    lse = torch.empty(batch, heads, seqlen_q, device="cuda") if with_lse else None
+    compiled_forward(entry, with_lse)(
         q8.values, k8.values, flash4.transpose_fp8_v(v8).values, out, lse,
         tile_descales(q8, batch, heads, n_q), tile_descales(k8, batch, kv_heads, n_k),
         tile_descales(v8, batch, kv_heads, n_k), head_dim**-0.5 * LOG2_E, device_sms(0),
@@ -239,13 +254,17 @@ def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_skipped_rescale_changes_no_bit(head_dim, causal):
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_skipped_rescale_changes_no_bit(head_dim, causal, return_lse):
     # The table's kernels skip O's rescale when no row of a warp raised its max; where they
-    # skip, the factor is exactly 1, so the kernel that always rescales gives the same bits.
+    # skip, the factor is exactly 1, so the kernel that always rescales gives the same bits
+    # (with an LSE and without, whose row sums take the same factors).
     q8, k8, v8 = _variant_inputs(head_dim, causal, 3000)
-    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
-    out, lse = _run_variant(q8, k8, v8, causal, rescale_when_needed=False)
-    assert not want.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
+    want = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
+    want, want_lse = want if return_lse else (want, None)
+    out, lse = _run_variant(q8, k8, v8, causal, return_lse, rescale_when_needed=False)
+    assert not want.isnan().any() and torch.equal(out, want)
+    assert lse is None if not return_lse else torch.equal(lse, want_lse)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -266,13 +285,22 @@ def test_other_p_order_changes_no_bit(head_dim, causal, seqlen):
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen", (17, 1000, 3000))
-def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen):
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (17, 17), (17, 1000), (1000, 17), (1000, 1000), (3000, 3000)))
+@pytest.mark.parametrize("kv_heads", (2, 1), ids=("gqa", "mqa"))
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, kv_heads, return_lse):
     # V with one descale takes the kernel whose P scale is a constant and whose V descale
-    # multiplies O once at the end (the blockwise V of the test above takes the other).
-    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
-    assert v8.block is None
+    # multiplies O once at the end (the blockwise V of the test above takes the other);
+    # without an LSE, the variant whose row sums run on the tensor cores.
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q * 13 + seqlen_k + head_dim + kv_heads)
+    q, k, v = (
+        torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        for s, h in ((seqlen_q, 8), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
+    )
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
     poison_allocator()
-    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
     torch.cuda.synchronize()
+    out, lse = result if return_lse else (result, None)
     _check(q8, k8, v8, causal, out, lse)
