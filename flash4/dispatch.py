@@ -146,21 +146,31 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 1k to 2k on two warpgroups, 128-key blocks and two Q slots, 484 -> 515 at 1k (2k: 641 ->
 # 632; without ping-pong 517 / 626). Full, that tile lost (698/830/939 -> 674/755/851), as
 # did 160-key blocks (658/779/872) and 64-key ones on three warpgroups (621/733/832).
-_SM90_FP8_BASE = dict(
-    fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True, row_sum_on_tensor_cores=True
-)
+#
+# Sixth (2026-11-30, two rounds, 512 / 1k / 4k / 16k, the kernels without an LSE;
+# perf/results/h200/2026-11-30-fp8-sweep-row-sum-on-tensor-cores.json): row sums on the
+# tensor cores (row_sum_on_tensor_cores), against the FADD sums: head dim 64 full
+# 363/464/620/692 -> 385/486/648/727, causal 232/320/498/604 -> 236/328/512/620; 128 full
+# 559/707/888/961 -> 566/722/913/982, causal from 2k 739/866 -> 752/895 at 4k/16k, below
+# it 326/518 -> 317/513 at 512/1k (not taken there); 256 within 2% either way (full
+# 818/1019/1194/1246 -> 815/1028/1216/1236; not taken: there the tensor cores bind).
+_SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
+_SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
-    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3)),),
-    (64, True): ((1, dict(tile_n=128)), (4096, dict(tile_n=128, consumer_warpgroups=3))),
+    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
+    (64, True): (
+        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES)),
+        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
+    ),
     (128, False): (
-        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2)),
-        (1024, dict(tile_n=96, consumer_warpgroups=3)),
+        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES)),
+        (1024, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
     (128, True): (
         (1, dict(tile_n=192)),
         (1024, dict(tile_n=128, q_stages=2)),
-        (2048, dict(tile_n=96, consumer_warpgroups=3)),
+        (2048, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),

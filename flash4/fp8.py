@@ -106,7 +106,13 @@ def flash_attn_fp8_quantized(
     """The FP8 kernel on ``quantize_fp8``'s outputs: descales per tile of rows
     (``fp8_blocks``) or per tensor, each of q, k, v on its own; q and k both rotated or
     neither, v never. V given as an Fp8Tensor is laid out for the kernel on every call (a
-    pass over V); ``transpose_fp8_v`` does that once, for V read by many calls."""
+    pass over V); ``transpose_fp8_v`` does that once, for V read by many calls.
+
+    With V per tensor and without ``return_lse``, most kernels sum each row's P on the
+    tensor cores: the e4m3-rounded P that multiplied V, so O is normalised by the weights
+    it was built from. With ``return_lse`` they sum the unrounded P, whose log is the true
+    LSE; ``out`` then differs slightly from the call without (by P's rounding error in
+    the sum, largest on rows of few keys)."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
