@@ -94,6 +94,10 @@ from flash4.interface import LOG2_E, device_sms
 # table's kernels): d128 full 587/649/651 -> 559/629/644, causal 434/573/621 -> 429/572/623.
 # With the wait pinned below the exponentials by a uniform branch instead, ptxas
 # serialised the wgmmas. Not taken: the wait is not what the tensor cores idle on.
+# Lost (2026-11-30, two rounds, 1k / 4k / 16k; -fwd-sweep-d128-three-warpgroups.json): head
+# dim 128 on three consumer warpgroups and 80-key blocks (96 spill; one Q slot, as O's own
+# buffer leaves no room for two), full 608/644/661 -> 524/621/641, causal 447/582/624 ->
+# 368/531/595.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
@@ -143,7 +147,10 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 698/934 -> 711/965, causal 517/863 -> 514/875. Landed as row_sum_on_tensor_cores in the
 # variant without an LSE (the sum of the rounded P is no true LSE); flash4/dispatch.py has
 # the sweep that picked its rows. Since then this script times the FP8 kernels without an
-# LSE, as flash_attn_fp8 runs by default.
+# LSE, as flash_attn_fp8 runs by default. With the row sums on the tensor cores, head dim
+# 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
+# 512 / 1k / 2k; -fp8-sweep-d128-two-warpgroups.json): 568/717/857 -> 568/692/772 on
+# 128-key blocks, 512/675/800 on 160, 563/676/811 on 192 (cuDNN 564/749/853).
 FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
