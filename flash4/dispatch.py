@@ -74,12 +74,18 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - At head dim 256, 64-key blocks below 1k (full) and 2k (causal) queries: 80-key
       blocks load 560 keys for 512 (three rounds, 512 / 1k): full 481/594 -> 497/592,
       causal 316/446 -> 333/466. At head dim 64, 128-row tiles at 512 tied (360 -> 359).
+    - Each consumer warpgroup storing its own 64 rows of O (o_store_per_warpgroup; two
+      rounds, 512 / 1k / 4k, 2026-11-30-fwd-sweep-o-store-per-warpgroup.json) at head dim
+      64: full 360/411/499 -> 387/429/500, causal 244/320/435 -> 256/324/441; 128 causal
+      336/435/571 -> 353/452/578. Not at 128 full: 510/577/673 -> 523/589/633 (the table's
+      4k rounds spread 643-707).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
         head_dim=head_dim, tile_n=tile_n, causal=causal,
         pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
         q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
+        o_store_per_warpgroup=head_dim == 64 or (head_dim == 128 and causal),
     )
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
@@ -154,23 +160,30 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 559/707/888/961 -> 566/722/913/982, causal from 2k 739/866 -> 752/895 at 4k/16k, below
 # it 326/518 -> 317/513 at 512/1k (not taken there); 256 within 2% either way (full
 # 818/1019/1194/1246 -> 815/1028/1216/1236; not taken: there the tensor cores bind).
+#
+# Seventh (2026-11-30, two rounds, 512 / 1k / 4k; 2026-11-30-fp8-sweep-o-store-per-warpgroup.json):
+# each consumer warpgroup storing its own 64 rows of O (o_store_per_warpgroup): head dim
+# 128 causal 328/516/751 -> 344/535/757, full 570 -> 586 at 512 (716/905 -> 719/906 at
+# 1k/4k), 64 causal 238/330 -> 241/345 at 512/1k (509 -> 507 at 4k); 64 full lost
+# (385/488/649 -> 370/455/608).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True)
+_O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
     (64, True): (
-        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES)),
+        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
         (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
     (128, False): (
-        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES)),
+        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
         (1024, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
     (128, True): (
-        (1, dict(tile_n=192)),
-        (1024, dict(tile_n=128, q_stages=2)),
-        (2048, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
+        (1, dict(tile_n=192, **_O_PER_WARPGROUP)),
+        (1024, dict(tile_n=128, q_stages=2, **_O_PER_WARPGROUP)),
+        (2048, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
     ),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),

@@ -87,6 +87,11 @@ class Sm90ForwardConfig:
     # (kernels/tensor_core_row_sum.py). Only the variant compiled without an LSE takes it:
     # it sums the e4m3-rounded P, which normalises O exactly but is not the true LSE.
     row_sum_on_tensor_cores: bool = False
+    # Each consumer warpgroup stores its own 64 rows of O (its slab of O's buffer, its own
+    # TMA store, a barrier of its 128 threads) instead of all of them meeting twice per
+    # tile: under ping-pong the warpgroup ahead then starts the next tile while the other
+    # finishes this one. Needs O in a buffer of its own.
+    o_store_per_warpgroup: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -136,6 +141,8 @@ class Sm90ForwardConfig:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
+        if self.o_store_per_warpgroup and self.o_in_q_buffer:
+            raise ValueError("o_store_per_warpgroup=True: only where O has a buffer of its own (persistent, not o_in_q_buffer)")
         if self.row_sum_on_tensor_cores and not self.fp8_v_per_tensor:
             raise ValueError(
                 "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True (the FP8 P whose scale is the same "

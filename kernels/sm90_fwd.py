@@ -149,6 +149,10 @@ class Sm90ForwardKernel:
         self.q_stages = config.q_stages
         # Set per compiled variant by ``launch`` (it depends on whether an LSE is written).
         self.sums_on_tensor_cores = False
+        # The threads that store a slab of O together (one barrier, one TMA store): all
+        # consumers, or each warpgroup its own 64 rows.
+        self.o_store_threads = THREADS_PER_WARPGROUP if config.o_store_per_warpgroup else self.consumer_threads
+        self.o_store_rows = ROWS_PER_CONSUMER_WARPGROUP if config.o_store_per_warpgroup else self.tile_m
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -190,24 +194,20 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(mLSE is not None):
             mLSE = rows_first(mLSE)
 
-        major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        warpgroups_along_m = (self.consumer_warpgroups, 1, 1)
+        major_k = cute.nvgpu.OperandMajorMode.K
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_k, Float32,
-            warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
+            (self.consumer_warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
         )
-        # O = P V: V is the B operand (N = head_dim, K = keys), N-major as it sits in
-        # shared memory (keys, head_dim) here; K-major where it arrives transposed.
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, self.v_major(), Float32,
-            warpgroups_along_m, (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
+        tiled_mma_pv = self.pv_mma(self.consumer_warpgroups)
 
         sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.q_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
         sV_layout = smem_tile_layout(self.dtype, *self.v_tile(), self.stages)
+        # O's buffer: one tile, or one 64-row slab per consumer warpgroup (each stored alone).
         sO_layout = smem_tile_layout(self.out_dtype, self.tile_m, self.head_dim)
+        if cutlass.const_expr(self.config.o_store_per_warpgroup):
+            sO_layout = smem_tile_layout(self.out_dtype, self.o_store_rows, self.head_dim, self.consumer_warpgroups)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -221,7 +221,7 @@ class Sm90ForwardKernel:
         )
         # O goes out through shared memory (Q's buffer or its own, see the epilogue).
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim)
+            cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (self.o_store_rows, self.head_dim)
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
@@ -239,6 +239,16 @@ class Sm90ForwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+        )
+
+    def pv_mma(self, warpgroups: int) -> cute.TiledMma:
+        """O = P V on ``warpgroups`` consumer warpgroups along M: V is the B operand
+        (N = head_dim, K = keys), N-major as it sits in shared memory (keys, head_dim) here;
+        K-major where it arrives transposed."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, self.v_major(), Float32,
+            (warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM,
         )
 
     def shared_storage(self, sQ_layout, sK_layout, sV_layout, sO_layout) -> Type:
@@ -419,7 +429,7 @@ class Sm90ForwardKernel:
                     q_state.advance()
             position = scheduler.next(position)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
-        if tidx == 0:
+        if self.stores_o(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ inputs
@@ -713,29 +723,45 @@ class Sm90ForwardKernel:
     ):
         o = cute.make_rmem_tensor_like(ops.acc_o, self.out_dtype)
         o.store(ops.acc_o.load().to(self.out_dtype))
+        # The threads storing this slab of O together (see ``o_store_threads``).
+        barrier_id = int(NamedBarrier.EPILOGUE)
+        store_mma, sO_slab, o_block, slab_tidx = ops.tiled_mma_pv, sO, tile.m_block, tidx
+        if cutlass.const_expr(self.config.o_store_per_warpgroup):
+            warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+            barrier_id = int(NamedBarrier.EPILOGUE_WARPGROUP_0) + warpgroup_idx
+            # One warpgroup's 64 rows: its accumulator fragment is that of a one-warpgroup MMA.
+            store_mma, sO_slab = self.pv_mma(1), sO[None, None, warpgroup_idx]
+            o_block = tile.m_block * self.consumer_warpgroups + warpgroup_idx
+            slab_tidx = tidx % THREADS_PER_WARPGROUP
         if cutlass.const_expr(not self.config.o_in_q_buffer):
-            # sO may still be read by the TMA store of this CTA's previous tile.
-            if tidx == 0:
+            # The slab may still be read by the TMA store of this CTA's previous tile.
+            if self.stores_o(tidx):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.o_store_threads)
         # stmatrix: each warp writes 8x8 tiles of 16-bit values straight from mma fragments.
         store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.out_dtype, Float32)
-        thr_store = cute.make_tiled_copy_C(store_atom, ops.tiled_mma_pv).get_slice(tidx)
-        cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO))
+        thr_store = cute.make_tiled_copy_C(store_atom, store_mma).get_slice(slab_tidx)
+        cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO_slab))
 
         if cutlass.const_expr(mLSE is not None):
             self.store_lse(lse, mLSE, ops, tile, tidx)
 
-        # The TMA engine reads sO through the async proxy: make the generic-proxy writes
-        # above visible to it, then wait for every consumer thread's part.
+        # The TMA engine reads the slab through the async proxy: make the generic-proxy
+        # writes above visible to it, then wait for every storing thread's part.
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
-        if tidx == 0:
-            o_tile = (self.tile_m, self.head_dim)
-            tOsO, tOgO = tma_tile(tma_atom_O, sO, mO[None, None, tile.head, tile.batch], o_tile, tile.m_block)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.o_store_threads)
+        if self.stores_o(tidx):
+            o_tile = (self.o_store_rows, self.head_dim)
+            tOsO, tOgO = tma_tile(tma_atom_O, sO_slab, mO[None, None, tile.head, tile.batch], o_tile, o_block)
             # Rows past seqlen_q are clipped by the TMA engine.
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
+
+    def stores_o(self, tidx: Int32):
+        """Whether consumer thread ``tidx`` issues (and waits for) TMA stores of O."""
+        if cutlass.const_expr(self.config.o_store_per_warpgroup):
+            return tidx % THREADS_PER_WARPGROUP == 0
+        return tidx == 0
 
     @cute.jit
     def store_lse(self, lse: cute.Tensor, mLSE: cute.Tensor, ops: ConsumerOperands, tile: Tile, tidx: Int32):

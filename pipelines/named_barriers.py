@@ -28,6 +28,9 @@ class NamedBarrier(enum.IntEnum):
     # engine has read it). 128 + 32 threads each; 6, 7 and 8, 9.
     DQ_FULL_0 = 6
     DQ_EMPTY_0 = 8
+    # Forward with one O store per consumer warpgroup: warpgroup i's 128 threads meet on
+    # EPILOGUE_WARPGROUP_0 + i around writing their slab of O (10, 11, 12).
+    EPILOGUE_WARPGROUP_0 = 10
 
 
 class WarpgroupPingPong:

@@ -81,6 +81,7 @@ def test_invalid_backward_configs_name_the_field(fields, message):
     "fields,message",
     [
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
+        (dict(o_store_per_warpgroup=True), "o_store_per_warpgroup=True: only where O has a buffer of its own"),
         (dict(row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True"),
         (dict(fp8=True, row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor"),
     ],
