@@ -160,8 +160,9 @@ def test_scheduler_variants_match_reference(head_dim, causal, persistent, seqlen
     # including (causal, seqlen_q > seqlen_k) tiles that see no key at all; 1100 rows make an
     # odd number of query blocks, whose middle one has no causal pair. At head dim 256 a
     # persistent CTA stages O in Q's buffer, so each tile's Q load waits for the previous
-    # tile's O store, empty tiles included. A one-tile CTA has one Q slot.
-    slots = {} if persistent else dict(q_stages=1)
+    # tile's O store, empty tiles included. A one-tile CTA has one Q slot and stages O in
+    # Q's buffer, so its warpgroups store O together.
+    slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
     _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, persistent=persistent, **slots)
 
 
