@@ -81,11 +81,7 @@ def warpgroup_gemm(
 
 @cute.jit
 def issue_gemm(
-    tiled_mma: cute.TiledMma,
-    acc: cute.Tensor,
-    a: cute.Tensor,
-    b: cute.Tensor,
-    zero_init: cutlass.Constexpr[bool],
+    tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, zero_init: cutlass.Constexpr[bool]
 ) -> None:
     """The wgmmas of one GEMM over all k-slices, without the fence before them or the
     commit after: for GEMMs that share one commit group."""
