@@ -142,7 +142,9 @@ class Sm90ForwardConfig:
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.o_store_per_warpgroup and self.o_in_q_buffer:
-            raise ValueError("o_store_per_warpgroup=True: only where O has a buffer of its own (persistent, not o_in_q_buffer)")
+            raise ValueError(
+                "o_store_per_warpgroup=True: only where O has a buffer of its own (persistent, not o_in_q_buffer)"
+            )
         if self.row_sum_on_tensor_cores and not self.fp8_v_per_tensor:
             raise ValueError(
                 "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True (the FP8 P whose scale is the same "

@@ -18,14 +18,18 @@ Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per war
                              (head dim 256, one stage), by the storing thread once O is read
   K ring   kv_stages         TMA thread -> all consumer warps
   V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
-Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem).
+Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem), or
+EPILOGUE_WARPGROUP_0 + w where each warpgroup stores its own rows of O.
 
 Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
   S = Q K[n_max-1]; mask; softmax -> P
   for each further block j:   issue S_j = Q K_j;  issue O += P V[j+1];  wait S_j
                               mask (if needed); softmax S_j;  wait P V;  rescale O;  P = P_j
   O += P V[n_min];  O *= 1/l;  O -> smem (its own buffer where it fits, else Q's) -> TMA
-  store;  LSE -> global (only in the variant compiled with an LSE tensor)
+  store (per tile, or per warpgroup: o_store_per_warpgroup);  LSE -> global (only in the
+  variant compiled with an LSE tensor)
+FP8 rows with row_sum_on_tensor_cores issue a second GEMM beside each P V, P times ones:
+the row sums, taken one block late (kernels/tensor_core_row_sum.py).
 Issuing the next S GEMM before the softmax of the current block keeps the tensor cores
 busy while the CUDA cores do the exponentials; ping-pong does the same across warpgroups.
 

@@ -37,6 +37,10 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, q_stages=2), "q_stages=2: .*own buffer"),
         # The FP8 softmax keeps its own row sum.
         (dict(head_dim=128, tile_n=128, fp8=True, sum_from_rescaled=True), "sum_from_rescaled=True"),
+        # A warpgroup's own O store needs O's own buffer: one tile per CTA, or head dim 256.
+        (dict(head_dim=128, tile_n=128, o_store_per_warpgroup=True), "o_store_per_warpgroup=True: .*own"),
+        (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, o_store_per_warpgroup=True),
+         "o_store_per_warpgroup=True: .*own"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):
@@ -81,7 +85,6 @@ def test_invalid_backward_configs_name_the_field(fields, message):
     "fields,message",
     [
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
-        (dict(o_store_per_warpgroup=True), "o_store_per_warpgroup=True: only where O has a buffer of its own"),
         (dict(row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True"),
         (dict(fp8=True, row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor"),
     ],
