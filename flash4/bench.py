@@ -560,8 +560,8 @@ def wrong_outputs(
         if not math.isfinite(diff) or diff > relative * size:
             wrong[name] = (f"wrong output: max|diff| {diff:.3g} against {reference}, more than "
                            f"{relative:.0%} of its largest value {size:.3g}; not timed")
-        elif rms_relative is not None and float(error.pow(2).mean().sqrt()) > rms_relative * rms:
-            wrong[name] = (f"wrong output: RMS error {float(error.pow(2).mean().sqrt()):.3g} against {reference}, "
+        elif rms_relative is not None and (rms_error := float(error.pow(2).mean().sqrt())) > rms_relative * rms:
+            wrong[name] = (f"wrong output: RMS error {rms_error:.3g} against {reference}, "
                            f"more than {rms_relative:.0%} of its RMS {rms:.3g}; not timed")
     return wrong
 
