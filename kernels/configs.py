@@ -26,6 +26,9 @@ SMEM_ALIGN_BYTES = 1024
 TMA_SMEM_ALIGN_BYTES = 128
 # An FP8 wgmma's k-step: 32 one-byte elements, one 32-byte row of its operand core matrix.
 FP8_MMA_K = 32
+# Q in registers (Sm90ForwardConfig.q_in_registers) up to this head dim: at 256, Q's 64
+# rows would take 128 registers a thread (bf16), as many as O's accumulator.
+Q_IN_REGISTERS_MAX_HEAD_DIM = 128
 # The FP8 row-sum GEMM's width (kernels/tensor_core_row_sum.py): wgmma's narrowest N.
 ROW_SUM_COLUMNS = 8
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
@@ -92,6 +95,13 @@ class Sm90ForwardConfig:
     # tile: under ping-pong the warpgroup ahead then starts the next tile while the other
     # finishes this one. Needs O in a buffer of its own.
     o_store_per_warpgroup: bool = False
+    # Q loaded once per tile from shared memory into registers (ldmatrix), and the S GEMM
+    # issued with its A operand there: an SS wgmma reads A and B from shared memory, 96
+    # bytes a clock at 64x128x16 (bf16) and 107 at FP8's 64x96x32, against the 128 bytes a
+    # clock shared memory serves, which TMA's writes of K and V share too; from registers
+    # it reads B alone (64). Q's slot is then released as soon as it is loaded. Costs
+    # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8).
+    q_in_registers: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -149,6 +159,11 @@ class Sm90ForwardConfig:
             raise ValueError(
                 "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True (the FP8 P whose scale is the same "
                 "for every key block)"
+            )
+        if self.q_in_registers and self.head_dim > Q_IN_REGISTERS_MAX_HEAD_DIM:
+            raise ValueError(
+                f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
+                f"accumulator do not fit a thread's registers together); got {self.head_dim}"
             )
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")

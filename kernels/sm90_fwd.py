@@ -48,6 +48,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu.warp import LdMatrix8x8x16bOp
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
@@ -123,6 +124,10 @@ class ConsumerOperands:
     coords0: cute.Tensor
     # The row sums of P by a second GEMM beside P V (``sums_on_tensor_cores``), or None.
     row_sums: Optional[TensorCoreRowSum] = None
+    # q_in_registers: the ldmatrix copy that fills ``tSrQ`` and this thread's part of Q's
+    # slot that it reads; None when the S GEMM reads Q from shared memory.
+    q_load: Optional[cute.TiledCopy] = None
+    tQsQ: Optional[cute.Tensor] = None
 
 
 class Sm90ForwardKernel:
@@ -199,9 +204,11 @@ class Sm90ForwardKernel:
             mLSE = rows_first(mLSE)
 
         major_k = cute.nvgpu.OperandMajorMode.K
+        q_source = warpgroup.OperandSource.RMEM if self.config.q_in_registers else warpgroup.OperandSource.SMEM
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_k, major_k, Float32,
             (self.consumer_warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
+            a_source=q_source,
         )
         tiled_mma_pv = self.pv_mma(self.consumer_warpgroups)
 
@@ -576,10 +583,20 @@ class Sm90ForwardKernel:
             row_sums = TensorCoreRowSum.make(
                 self.dtype, self.consumer_warpgroups, rings.sOnes, warpgroup_idx * THREADS_PER_WARPGROUP
             )
+        sQ = rings.sQ[None, None, q_slot]
+        q_load = tQsQ = None
+        if cutlass.const_expr(self.config.q_in_registers):
+            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_shape_A((self.tile_m, self.head_dim)))
+            q_load = cute.make_tiled_copy_A(
+                cute.make_copy_atom(LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), tiled_mma_qk
+            )
+            tQsQ = q_load.get_slice(tidx).partition_S(sQ)
+        else:
+            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         return ConsumerOperands(
             tiled_mma_qk=tiled_mma_qk,
             tiled_mma_pv=tiled_mma_pv,
-            tSrQ=wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(rings.sQ[None, None, q_slot])),
+            tSrQ=tSrQ,
             tSrK=wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(rings.sK)),
             tOrVt=wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt)),
             s_shape=wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
@@ -592,6 +609,8 @@ class Sm90ForwardKernel:
             # Thread 0's coordinates: known at compile time (see mask_scores).
             coords0=tiled_mma_qk.get_slice(0).partition_C(tile_coords),
             row_sums=row_sums,
+            q_load=q_load,
+            tQsQ=tQsQ,
         )
 
     @cute.jit
@@ -609,6 +628,12 @@ class Sm90ForwardKernel:
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
         Returns the Q and K/V rings' states for the next tile."""
         rings.q.consumer_wait(q_state)
+        if cutlass.const_expr(self.config.q_in_registers):
+            cute.copy(ops.q_load, ops.tQsQ, ops.q_load.retile(ops.tSrQ))
+            if cutlass.const_expr(not self.q_freed_by_store):
+                # Q now lives in registers: its slot can take a later tile's Q at once.
+                rings.q.consumer_release(q_state)
+                q_state.advance()
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
@@ -631,7 +656,7 @@ class Sm90ForwardKernel:
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
-        if cutlass.const_expr(not self.q_freed_by_store):
+        if cutlass.const_expr(not self.q_freed_by_store and not self.config.q_in_registers):
             # Every S GEMM has completed: Q's buffer can take the next tile's Q.
             rings.q.consumer_release(q_state)
             q_state.advance()

@@ -98,7 +98,7 @@ from flash4.interface import LOG2_E, device_sms
 # dim 128 on three consumer warpgroups and 80-key blocks (96 spill; one Q slot, as O's own
 # buffer leaves no room for two), full 608/644/661 -> 524/621/641, causal 447/582/624 ->
 # 368/531/595.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(q_in_registers=True, consumer_warpgroups=2)], 128: [dict(), dict(q_in_registers=True)]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -151,7 +151,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
 # 512 / 1k / 2k; -fp8-sweep-d128-two-warpgroups.json): 568/717/857 -> 568/692/772 on
 # 128-key blocks, 512/675/800 on 160, 563/676/811 on 192 (cuDNN 564/749/853).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(q_in_registers=True)], 128: [dict(), dict(q_in_registers=True, consumer_warpgroups=2, tile_n=128), dict(q_in_registers=True, consumer_warpgroups=2, tile_n=192)]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

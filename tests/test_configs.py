@@ -41,6 +41,9 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=128, tile_n=128, o_store_per_warpgroup=True), "o_store_per_warpgroup=True: .*own"),
         (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, o_store_per_warpgroup=True),
          "o_store_per_warpgroup=True: .*own"),
+        # Q in registers stops where Q and O's accumulator no longer fit together.
+        (dict(head_dim=256, tile_n=64, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
+        (dict(head_dim=256, tile_n=128, fp8=True, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):

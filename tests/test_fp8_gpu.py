@@ -304,3 +304,17 @@ def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, kv
     torch.cuda.synchronize()
     out, lse = result if return_lse else (result, None)
     _check(q8, k8, v8, causal, out, lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen", (1000, 3000))
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen, return_lse):
+    # Q's e4m3 tile loaded into registers by ldmatrix (16-bit units, two e4m3 each) feeds
+    # the S GEMM the same values in the same order as from shared memory: the same bits.
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
+    want, want_lse = _run_variant(q8, k8, v8, causal, return_lse)
+    out, lse = _run_variant(q8, k8, v8, causal, return_lse, q_in_registers=True)
+    assert not want.isnan().any() and torch.equal(out, want)
+    assert lse is None if not return_lse else torch.equal(lse, want_lse)

@@ -341,3 +341,20 @@ def test_other_p_order_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     want, want_lse = _run_config_variant(q, k, v, causal)
     out, lse = _run_config_variant(q, k, v, causal, p_before_rescale=not default)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
+def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
+    # The S GEMM with Q in registers (q_in_registers, loaded by ldmatrix) does the same
+    # multiply-adds in the same order as with Q in shared memory: the same bits, for tiles
+    # that see one key block, many, or none (causal, 1000 queries on 17 keys), and Q slots
+    # released early then reused by later tiles of a persistent CTA. Two consumer
+    # warpgroups at head dim 64, where three run out of registers with Q held.
+    seed = hash(("q-in-registers", head_dim, causal, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    tiles = dict(consumer_warpgroups=2) if head_dim == 64 else {}
+    want, want_lse = _run_config_variant(q, k, v, causal, **tiles)
+    out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
