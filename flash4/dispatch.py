@@ -167,25 +167,37 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 1k/4k), 64 causal 238/330 -> 241/345 at 512/1k (509 -> 507 at 4k); 64 full lost
 # (385/488/649 -> 370/455/608) although its key loop's SASS is the same instructions: the
 # loss comes from how the three warpgroups then meet at tile boundaries, not the loop.
+#
+# Eighth (2026-11-30; -fp8-sweep-q-in-registers-{probe,d64,d128,d128-confirm}.json): Q held
+# in registers for the S GEMM (q_in_registers; the SS wgmma reads up to 107 bytes a clock
+# of shared memory's 128). Head dim 64 (two rounds, 512 / 1k / 2k / 4k / 16k): causal
+# 243/344/425/512/620 -> 252/351/432/543/660, full tied (386/486/599/646/717 ->
+# 384/487/600/648/716; not taken). Head dim 128 on three warpgroups runs out of registers
+# (ptxas serialises the wgmmas), so on two with 128-key blocks, one Q slot (freed once
+# loaded) and the row sums on the tensor cores (three rounds, 1k / 2k / 8k / 16k): causal
+# 535/645/824/876 -> 596/728/865/894, at 512 345 -> 431 (two rounds); full 709/830 ->
+# 753/840 at 1k / 2k, 586 -> 618 at 512, but 889 -> 872 at 4k and 923/970 -> 907/930 at
+# 8k / 16k, where three warpgroups on 96-key blocks keep the rows. The 16-bit kernel lost
+# with it (bf16 d128 full 514/580/642/647 -> 502/562/628/620 at 512 / 1k / 4k / 16k;
+# perf/sweep_configs.py).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
+_Q_IN_REGISTERS = dict(q_in_registers=True)
+# Head dim 128 on two warpgroups, 128-key blocks, Q in registers (see the eighth sweep).
+_D128_Q_IN_REGISTERS = dict(tile_n=128, **_Q_IN_REGISTERS, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
     (64, True): (
-        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
-        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
+        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
+        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS)),
     ),
     (128, False): (
-        (1, dict(tile_n=96, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
-        (1024, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
+        (1, _D128_Q_IN_REGISTERS),
+        (4096, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
-    (128, True): (
-        (1, dict(tile_n=192, **_O_PER_WARPGROUP)),
-        (1024, dict(tile_n=128, q_stages=2, **_O_PER_WARPGROUP)),
-        (2048, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
-    ),
+    (128, True): ((1, _D128_Q_IN_REGISTERS),),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
 }

@@ -100,7 +100,8 @@ class Sm90ForwardConfig:
     # bytes a clock at 64x128x16 (bf16) and 107 at FP8's 64x96x32, against the 128 bytes a
     # clock shared memory serves, which TMA's writes of K and V share too; from registers
     # it reads B alone (64). Q's slot is then released as soon as it is loaded. Costs
-    # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8).
+    # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
+    # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
     q_in_registers: bool = False
 
     @property

@@ -98,7 +98,16 @@ from flash4.interface import LOG2_E, device_sms
 # dim 128 on three consumer warpgroups and 80-key blocks (96 spill; one Q slot, as O's own
 # buffer leaves no room for two), full 608/644/661 -> 524/621/641, causal 447/582/624 ->
 # 368/531/595.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(q_in_registers=True, consumer_warpgroups=2)], 128: [dict(), dict(q_in_registers=True)]}
+# Lost (2026-11-30, two rounds, 512 / 1k / 4k / 16k; -fwd-sweep-q-in-registers.json; 20 GPU
+# tests bit-identical to the table's kernels): Q in registers for the S GEMM
+# (q_in_registers, which the FP8 rows take): d128 full 514/580/642/647 -> 502/562/628/620,
+# causal 358/454/576/618 -> 349/444/562/600; d64 on two warpgroups (three spill with Q
+# held) full 386/423/497/525 -> 378/414/444/437, causal 255/329/440/493 ->
+# 252/323/401/435. The 16-bit S GEMM reads 96 bytes a clock of shared memory, the FP8 one
+# 107: only FP8 gains from the relief.
+# Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
+# each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -151,7 +160,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
 # 512 / 1k / 2k; -fp8-sweep-d128-two-warpgroups.json): 568/717/857 -> 568/692/772 on
 # 128-key blocks, 512/675/800 on 160, 563/676/811 on 192 (cuDNN 564/749/853).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(q_in_registers=True)], 128: [dict(), dict(q_in_registers=True, consumer_warpgroups=2, tile_n=128), dict(q_in_registers=True, consumer_warpgroups=2, tile_n=192)]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
