@@ -608,9 +608,26 @@ def environment() -> dict[str, Any]:
     }
 
 
+def results_json(payload: dict[str, Any]) -> str:
+    """``payload`` as JSON with one line per top-level field and per item of a top-level
+    list (a run's records): a diff shows which shapes changed, and the results folder stays
+    small enough to travel to the GPU machine beside the toolchain (64 MiB in all)."""
+
+    def compact(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    def field(key: str, value: Any) -> str:
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"  {compact(item)}" for item in value)
+            return f"{compact(key)}: [\n{items}\n]"
+        return f"{compact(key)}: {compact(value)}"
+
+    return "{\n" + ",\n".join(field(k, v) for k, v in payload.items()) + "\n}\n"
+
+
 def write_json(path: Path, payload: dict[str, Any], quiet: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    path.write_text(results_json(payload))
     if not quiet:
         print(f"wrote {path}")
 

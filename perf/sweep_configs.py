@@ -160,7 +160,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
 # 512 / 1k / 2k; -fp8-sweep-d128-two-warpgroups.json): 568/717/857 -> 568/692/772 on
 # 128-key blocks, 512/675/800 on 160, 563/676/811 on 192 (cuDNN 564/749/853).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(consumer_warpgroups=2, q_in_registers=True, o_store_per_warpgroup=True)], 128: [dict(), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=160), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=128, kv_stages=3), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=128, pingpong=False)]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
