@@ -107,7 +107,7 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {256: [dict(), dict(pingpong=True), dict(persistent=True)]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -160,7 +160,15 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict
 # 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
 # 512 / 1k / 2k; -fp8-sweep-d128-two-warpgroups.json): 568/717/857 -> 568/692/772 on
 # 128-key blocks, 512/675/800 on 160, 563/676/811 on 192 (cuDNN 564/749/853).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(consumer_warpgroups=2, q_in_registers=True, o_store_per_warpgroup=True)], 128: [dict(), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=160), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=128, kv_stages=3), dict(consumer_warpgroups=2, q_in_registers=True, row_sum_on_tensor_cores=True, o_store_per_warpgroup=True, q_stages=1, tile_n=128, pingpong=False)]}
+# Not taken (2026-11-30, two rounds; -fp8-sweep-d64-two-warpgroups-q-in-registers.json,
+# -fp8-sweep-d128-q-in-registers-variants.json): head dim 64 unmasked on two warpgroups
+# with Q in registers, 387/486/599 -> 373/460/512 at 512 / 1k / 2k; on head dim 128's rows
+# with Q in registers (two warpgroups, 128-key blocks), 160-key blocks (full 759/858 ->
+# 713/790 at 1k / 2k, causal 601/732/808/858 -> 509/606/722/832 at 1k / 2k / 4k / 16k), a
+# third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
+# (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
+# 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
