@@ -78,7 +78,10 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       rounds, 512 / 1k / 4k, 2026-11-30-fwd-sweep-o-store-per-warpgroup.json) at head dim
       64: full 360/411/499 -> 387/429/500, causal 244/320/435 -> 256/324/441; 128 causal
       336/435/571 -> 353/452/578. Not at 128 full: 510/577/673 -> 523/589/633 (the table's
-      4k rounds spread 643-707).
+      4k rounds spread 643-707), nor there at 4k / 8k / 16k (632/636/636 -> 631/633/631).
+    - Head dim 256 full below 1k queries persistent (2026-11-30, three rounds,
+      -fwd-sweep-d256-short.json): 473 -> 493 at 512 (cuDNN 495), as one round had shown
+      (488 -> 503); at 1k it ties (572 -> 575), and ping-pong ties at 512 and 1k.
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -92,7 +95,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         yield 2048, replace(base, persistent=True)
         yield 16384, base
     elif head_dim == 256:
-        yield 1, replace(base, tile_n=SHORT_TILE_N_256)
+        yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 1024, base
     elif head_dim != 64:
         yield 1, base

@@ -107,7 +107,7 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {256: [dict(), dict(pingpong=True), dict(persistent=True)]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
