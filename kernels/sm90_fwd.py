@@ -9,13 +9,14 @@ Warp roles
   warpgroup 0, warp 0   producer: per tile, TMA loads of Q, then K and V blocks into rings,
                         from the last key block to the first. Gives registers away.
   warpgroups 1..W       consumers, 64 query rows each: S = Q K^T (wgmma, both operands in
-                        shared memory), masking, online softmax, O += P V (wgmma, P from
-                        registers), then the epilogue.
+                        shared memory, or Q in registers: q_in_registers), masking, online
+                        softmax, O += P V (wgmma, P from registers), then the epilogue.
 
 Pipelines (producer -> consumer; arrivals on *empty* = consumer warps, 4 per warpgroup)
   Q ring   q_stages          TMA thread -> all consumer warps; freed after a tile's last S
-                             GEMM, or, when a persistent kernel stages O in Q's buffer
-                             (head dim 256, one stage), by the storing thread once O is read
+                             GEMM (q_in_registers: once loaded into registers), or, when a
+                             persistent kernel stages O in Q's buffer (head dim 256, one
+                             stage), by the storing thread once O is read
   K ring   kv_stages         TMA thread -> all consumer warps
   V ring   kv_stages         TMA thread -> all consumer warps; walks the K ring's states
 Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in smem), or
