@@ -77,6 +77,17 @@ def test_write_report_writes_json_and_markdown(tmp_path, name):
     assert (md_path.parent / f"{md_path.stem}-fwd.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_results_json_keeps_the_values_one_line_per_record():
+    payload = report.load(RUN_B)
+    text = bench.results_json(payload)
+    assert json.loads(text) == payload
+    lines = text.splitlines()
+    # One line per top-level field, plus one per record and the list's closing bracket.
+    assert len(lines) == 2 + len(payload) + len(payload["records"]) + 1
+    assert all(json.loads(line.strip().rstrip(",")) == record
+               for line, record in zip(lines[lines.index('"records": [') + 1:], payload["records"]))
+
+
 def test_report_states_the_gpu_clock_before_and_after_when_recorded():
     payload = report.load(RUN_B)
     payload["machine"] = {
