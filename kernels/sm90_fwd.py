@@ -49,7 +49,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cute.nvgpu.warp import LdMatrix8x8x16bOp
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
@@ -68,7 +67,7 @@ from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
 from .tensor_core_row_sum import TensorCoreRowSum, fill_ones, ones_tile_layout
-from .wgmma import issue_gemm, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import RegisterOperandA, issue_gemm, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
 
 @dataclass(frozen=True)
@@ -125,10 +124,9 @@ class ConsumerOperands:
     coords0: cute.Tensor
     # The row sums of P by a second GEMM beside P V (``sums_on_tensor_cores``), or None.
     row_sums: Optional[TensorCoreRowSum] = None
-    # q_in_registers: the ldmatrix copy that fills ``tSrQ`` and this thread's part of Q's
-    # slot that it reads; None when the S GEMM reads Q from shared memory.
-    q_load: Optional[cute.TiledCopy] = None
-    tQsQ: Optional[cute.Tensor] = None
+    # q_in_registers: Q's slot as the S GEMM's register operand (``tSrQ`` is its fragment);
+    # None when the S GEMM reads Q from shared memory.
+    q_registers: Optional[RegisterOperandA] = None
 
 
 class Sm90ForwardKernel:
@@ -585,13 +583,10 @@ class Sm90ForwardKernel:
                 self.dtype, self.consumer_warpgroups, rings.sOnes, warpgroup_idx * THREADS_PER_WARPGROUP
             )
         sQ = rings.sQ[None, None, q_slot]
-        q_load = tQsQ = None
+        q_registers = None
         if cutlass.const_expr(self.config.q_in_registers):
-            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_shape_A((self.tile_m, self.head_dim)))
-            q_load = cute.make_tiled_copy_A(
-                cute.make_copy_atom(LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), tiled_mma_qk
-            )
-            tQsQ = q_load.get_slice(tidx).partition_S(sQ)
+            q_registers = RegisterOperandA.make(tiled_mma_qk, wg_mma_qk, self.dtype, sQ, tidx)
+            tSrQ = q_registers.fragment
         else:
             tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         return ConsumerOperands(
@@ -610,8 +605,7 @@ class Sm90ForwardKernel:
             # Thread 0's coordinates: known at compile time (see mask_scores).
             coords0=tiled_mma_qk.get_slice(0).partition_C(tile_coords),
             row_sums=row_sums,
-            q_load=q_load,
-            tQsQ=tQsQ,
+            q_registers=q_registers,
         )
 
     @cute.jit
@@ -630,7 +624,7 @@ class Sm90ForwardKernel:
         Returns the Q and K/V rings' states for the next tile."""
         rings.q.consumer_wait(q_state)
         if cutlass.const_expr(self.config.q_in_registers):
-            cute.copy(ops.q_load, ops.tQsQ, ops.q_load.retile(ops.tSrQ))
+            ops.q_registers.load()
             if cutlass.const_expr(not self.q_freed_by_store):
                 # Q now lives in registers: its slot can take a later tile's Q at once.
                 rings.q.consumer_release(q_state)

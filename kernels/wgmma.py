@@ -4,12 +4,14 @@ the row-first view of flash4's tensors that all of them index."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Type
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu.warp import LdMatrix8x8x16bOp
 from cutlass.tensor_utils import LayoutEnum
 
 from .configs import ACCUMULATOR_ROW_FLOATS, ACCUMULATOR_SWIZZLE, FP32_ADDRESS_BITS, SMEM_ALIGN_BYTES
@@ -63,6 +65,30 @@ def tma_tile(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tu
     return cpasync.tma_partition(
         atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
     )
+
+
+@dataclass(frozen=True)
+class RegisterOperandA:
+    """A GEMM's A operand held in registers (``a_source=RMEM``), filled from its tile in
+    shared memory by ldmatrix: the wgmma then reads only B from shared memory, whose 128
+    bytes per clock an SS wgmma of N = 64 uses up alone. ``load`` fills ``fragment``."""
+
+    fragment: cute.Tensor
+    copy: cute.TiledCopy
+    source: cute.Tensor
+
+    @staticmethod
+    def make(tiled_mma: cute.TiledMma, wg_mma, dtype: Type[cutlass.Numeric], smem: cute.Tensor, tidx) -> "RegisterOperandA":
+        """``wg_mma``: this warpgroup's slice of ``tiled_mma``; ``smem``: the whole 2-D A tile.
+        For 8-bit types ldmatrix moves 16-bit pairs, which lands them in the same layout."""
+        copy = cute.make_tiled_copy_A(
+            cute.make_copy_atom(LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype), tiled_mma
+        )
+        fragment = wg_mma.make_fragment_A(wg_mma.partition_shape_A(smem.shape))
+        return RegisterOperandA(fragment, copy, copy.get_slice(tidx).partition_S(smem))
+
+    def load(self) -> None:
+        cute.copy(self.copy, self.source, self.copy.retile(self.fragment))
 
 
 @cute.jit

@@ -123,6 +123,12 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # rounds' spread (d128 full 587 -> 601 / 598, d256 full 448 -> 457 / 456, causal flat), at
 # 1k 2-6% slower (d128 full 454 -> 440 / 441, d256 causal 290 -> 274; 3 rounds,
 # -bwd-sweep-fragment-multicast.json). (Deterministic cost 0.59-0.74x; the README has it.)
+# Lost (2026-11-30, three rounds, 1k / 4k / 16k; -bwd-sweep-kv-in-registers.json): K (or V)
+# held in registers as the Sᵀ (dPᵀ) GEMM's A operand, so those wgmmas read only Q (dO) from
+# shared memory. Head dim 64 full 406/492/526 -> 405/494/524 (K) and 401/488/518 (V),
+# causal 301/455/521 -> 281/407/470 and 285/409/474: ptxas spills 20-60 bytes. At 128 and
+# 256 it spills 76-204 bytes and serialises the wgmmas, so was not run. Shared memory's
+# bandwidth is not what binds the 16-bit backward at 64.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
