@@ -102,15 +102,24 @@ def attention_backward(
         dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
         if grouped:
             kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(out, dout, lse, delta, lse_log2, dq_accum)
+    # Each head's count of key blocks whose dQ has landed (zeroed by the preprocess), which
+    # the postprocess waits on when it overlaps the main kernel.
+    dq_ready = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
+    key_blocks = -(-problem.seqlen_k // config.tile_n)
+    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(
+        out, dout, lse, delta, lse_log2, dq_accum, dq_ready
+    )
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
-        dq_turns, kv_turns, problem.softmax_scale,
+        dq_turns, kv_turns, dq_ready if config.overlap_postprocess else None, problem.softmax_scale,
+    )
+    # A CuTe kernel, not torch's strided mixed-dtype multiply (H200: +13-21% at seqlen 512,
+    # where the conversion is a large part of the call). Right after the main kernel, which
+    # it may overlap.
+    compiled_backward_postprocess(problem.dtype, config.dq_tile_geometry, overlap=config.overlap_postprocess)(
+        dq_accum, dq, dq_ready, key_blocks, problem.softmax_scale
     )
     if grouped:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
-    # A CuTe kernel, not torch's strided mixed-dtype multiply (H200: +13-21% at seqlen 512,
-    # where the conversion is a large part of the call).
-    compiled_backward_postprocess(problem.dtype, config.dq_tile_geometry)(dq_accum, dq, problem.softmax_scale)
     return dq, dk, dv

@@ -178,15 +178,17 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
     d = _fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES)
     lse_log2 = _fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES)
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
+    dq_ready = _fake_tensor(cutlass.Int32, (batch, heads), TURNS_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return o, do, lse, d, lse_log2, dq_accum, stream
+    return o, do, lse, d, lse_log2, dq_accum, dq_ready, stream
 
 
 def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int, *options: str) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
-    query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum)`` with torch
-    tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum`` (batch,
-    heads, padded seqlen_q * head_dim) are float32, padded to whole blocks of ``block_rows``.
+    query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum, dq_ready)`` with
+    torch tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum``
+    (batch, heads, padded seqlen_q * head_dim) are float32, padded to whole blocks of
+    ``block_rows``; ``dq_ready`` (batch, heads) int32.
     """
     import cutlass.cute as cute
 
@@ -200,11 +202,13 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
-def compile_backward_postprocess(dtype_name: str, geometry: DQTileGeometry, *options: str) -> Any:
+def compile_backward_postprocess(dtype_name: str, geometry: DQTileGeometry, *options: str, overlap: bool = False) -> Any:
     """The backward postprocess (kernels/sm90_bwd_postprocess.py): dQ out of its fp32
-    accumulator. Call it as ``fn(dq_accum, dq, softmax_scale)``: dq_accum float32 (batch,
-    heads, padded seqlen_q * head_dim), tiled as ``geometry`` says (the main kernel's
-    ``config.dq_tile_geometry``); dq 16-bit (batch, seqlen_q, heads, head_dim)."""
+    accumulator. Call it as ``fn(dq_accum, dq, dq_ready, key_blocks, softmax_scale)``:
+    dq_accum float32 (batch, heads, padded seqlen_q * head_dim), tiled as ``geometry`` says
+    (the main kernel's ``config.dq_tile_geometry``); dq 16-bit (batch, seqlen_q, heads,
+    head_dim); dq_ready int32 (batch, heads), read only with ``overlap`` (launched while the
+    main kernel runs, each CTA waiting for its head's ``key_blocks`` signals)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -214,16 +218,19 @@ def compile_backward_postprocess(dtype_name: str, geometry: DQTileGeometry, *opt
     batch, seqlen_q, heads, padded = (cute.sym_int() for _ in range(4))
     accum = _fake_tensor(cutlass.Float32, (batch, heads, padded), DQ_ACCUM_ALIGN_BYTES)
     dq = _fake_tensor(dtype, (batch, seqlen_q, heads, geometry.head_dim), TMA_ALIGN_BYTES)
+    ready = _fake_tensor(cutlass.Int32, (batch, heads), TURNS_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    kernel = Sm90BackwardPostprocess(geometry, dtype)
-    return cute.compile(kernel, accum, dq, cutlass.Float32(1.0), stream, options=flags)
+    kernel = Sm90BackwardPostprocess(geometry, dtype, overlap)
+    return cute.compile(kernel, accum, dq, ready, cutlass.Int32(1), cutlass.Float32(1.0), stream, options=flags)
 
 
 compiled_backward_postprocess = functools.lru_cache(maxsize=None)(compile_backward_postprocess)
 
 
-def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool) -> tuple:
+def _backward_arguments(
+    dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool, overlap_postprocess: bool
+) -> tuple:
     import cutlass
     import cutlass.cute as cute
 
@@ -245,14 +252,16 @@ def _backward_arguments(dtype_name: str, head_dim: int, kv_accumulate: bool, det
         if deterministic and kv_accumulate
         else None
     )
+    # overlap_postprocess: int32 per (batch, head), the key blocks whose dQ has landed.
+    dq_ready = _fake_tensor(cutlass.Int32, (batch, heads), TURNS_ALIGN_BYTES) if overlap_postprocess else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns, cutlass.Float32(1.0), stream
+    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns, dq_ready, cutlass.Float32(1.0), stream
 
 
 def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     """The main backward kernel (kernels/sm90_bwd.py) for one ``Sm90BackwardConfig`` and
     dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns,
-    softmax_scale)``
+    dq_ready, softmax_scale)``
     with torch tensors (see flash4.backward for the buffers)."""
     import cutlass.cute as cute
 
@@ -262,7 +271,9 @@ def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(
         kernel,
-        *_backward_arguments(dtype_name, config.head_dim, config.kv_accumulate, config.deterministic),
+        *_backward_arguments(
+            dtype_name, config.head_dim, config.kv_accumulate, config.deterministic, config.overlap_postprocess
+        ),
         options=flags,
     )
 
@@ -332,9 +343,13 @@ def compile_quantize_fp8_transposed_v(dtype_name: str, head_dim: int, *options: 
 compiled_quantize_fp8_transposed_v = functools.lru_cache(maxsize=None)(compile_quantize_fp8_transposed_v)
 
 
-def compile_backward_postprocess_report(dtype_name: str, geometry: DQTileGeometry, arch: str = "sm_90a") -> CompileReport:
+def compile_backward_postprocess_report(
+    dtype_name: str, geometry: DQTileGeometry, arch: str = "sm_90a", overlap: bool = False
+) -> CompileReport:
     """``compile_entry`` for the backward postprocess."""
-    return _compile_with_report(lambda *flags: compile_backward_postprocess(dtype_name, geometry, *flags), arch, False)
+    return _compile_with_report(
+        lambda *flags: compile_backward_postprocess(dtype_name, geometry, *flags, overlap=overlap), arch, False
+    )
 
 
 def compile_quantize_report(

@@ -222,6 +222,8 @@ class Sm90BackwardKernel:
         # query blocks) for dQ and (batch, kv_heads, key blocks) for kv_accumulate's dK, dV.
         mdQTurns: Optional[cute.Tensor],
         mdKVTurns: Optional[cute.Tensor],
+        # overlap_postprocess: zeroed int32 (batch, heads), key blocks whose dQ has landed.
+        mdQReady: Optional[cute.Tensor],
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
@@ -290,7 +292,7 @@ class Sm90BackwardKernel:
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQTurns, mdKVTurns,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQTurns, mdKVTurns, mdQReady,
             atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta,
             softmax_scale,
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
@@ -348,6 +350,7 @@ class Sm90BackwardKernel:
         mdQAccum: cute.Tensor,
         mdQTurns: Optional[cute.Tensor],
         mdKVTurns: Optional[cute.Tensor],
+        mdQReady: Optional[cute.Tensor],
         atom_q: cute.CopyAtom,
         atom_k: cute.CopyAtom,
         atom_v: cute.CopyAtom,
@@ -369,6 +372,10 @@ class Sm90BackwardKernel:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(mdQReady is not None):
+            # The postprocess may be scheduled once every CTA of this grid has started: it
+            # then waits per head (signal_dq_ready), and only takes SMs this grid has left.
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.config.deterministic and self.causal):
             # Key blocks last to first (see dq_turn_rank).
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
@@ -402,6 +409,8 @@ class Sm90BackwardKernel:
                     dq_turns = mdQTurns[None, head, batch]
                 dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_turns)
                 self.store_dq(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+                if cutlass.const_expr(mdQReady is not None):
+                    self.signal_dq_ready(mdQReady, head, batch)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -725,6 +734,15 @@ class Sm90BackwardKernel:
                     cute.arch.barrier_arrive(
                         barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
                     )
+
+    @cute.jit
+    def signal_dq_ready(self, ready: cute.Tensor, head: Int32, batch: Int32):
+        """The store warp, after its last reduction: once every addition of this key block
+        into dQ has landed (not only been read from shared memory), count it for the
+        head's postprocess. A CTA without query blocks counts too."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        if cute.arch.lane_idx() == 0:
+            pass_turn(ready.iterator + cute.crd2idx((batch, head), ready.layout))
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

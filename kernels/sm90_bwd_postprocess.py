@@ -22,8 +22,9 @@ from typing import Type
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
+from ..pipelines.global_semaphore import wait_for_turn
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .configs import DQTileGeometry
 from .memory_pass import load_batches, row_vector
@@ -39,8 +40,9 @@ BLOCK_ROWS = 64
 class Sm90BackwardPostprocess:
     """dQ = dQ_accum * softmax_scale in a 16-bit dtype, for one head dim and tile geometry."""
 
-    def __init__(self, geometry: DQTileGeometry, dtype: Type[cutlass.Numeric]):
+    def __init__(self, geometry: DQTileGeometry, dtype: Type[cutlass.Numeric], overlap: bool = False):
         self.geometry = geometry
+        self.overlap = overlap
         self.head_dim = geometry.head_dim
         self.dtype = dtype
         self.vector = row_vector(Float32.width, self.head_dim)
@@ -52,21 +54,33 @@ class Sm90BackwardPostprocess:
         self,
         mAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32, tiled
         mdQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), 16-bit
+        # overlap: per (batch, head), how many key blocks' dQ have landed (the main
+        # kernel's signal_dq_ready), and how many there are.
+        mReady: cute.Tensor,  # (batch, heads), int32
+        key_blocks: Int32,
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
         mdQ = rows_first(mdQ)
         blocks = cute.ceil_div(cute.size(mdQ.shape[0]), BLOCK_ROWS)
-        self.kernel(mAccum, mdQ, softmax_scale).launch(
+        self.kernel(mAccum, mdQ, mReady, key_blocks, softmax_scale).launch(
             grid=(blocks, cute.size(mdQ.shape[2]), cute.size(mdQ.shape[3])),
             block=[THREADS, 1, 1],
             stream=stream,
+            use_pdl=self.overlap,
         )
 
     @cute.kernel
-    def kernel(self, mAccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+    def kernel(self, mAccum: cute.Tensor, mdQ: cute.Tensor, mReady: cute.Tensor, key_blocks: Int32,
+               softmax_scale: Float32):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.overlap):
+            # Launched while the main kernel still runs (programmatic dependent launch): wait
+            # until every key block of this head has added its dQ, not for the whole grid.
+            if tidx == 0:
+                wait_for_turn(mReady.iterator + cute.crd2idx((batch, head), mReady.layout), key_blocks)
+            cute.arch.barrier()
         first_row = m_block * BLOCK_ROWS
         # The block's rows that exist: a last block may be partial (the accumulator's
         # padding rows are never read).
@@ -92,3 +106,9 @@ class Sm90BackwardPostprocess:
                     dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
                     convert_packed(scaled, dq)
                     cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))
+        if cutlass.const_expr(self.overlap):
+            # Stream order after this grid must also cover the main kernel (its dK and dV),
+            # which the waits above do not: the last CTA waits for the main grid to finish.
+            grid = cute.arch.grid_dim()
+            if m_block == grid[0] - 1 and head == grid[1] - 1 and batch == grid[2] - 1:
+                cute.arch.griddepcontrol_wait()

@@ -4,6 +4,7 @@ recomputing it in every key block.
     D[b, h, i]        = sum_d dO[b, i, h, d] * O[b, i, h, d]      (fp32)
     lse_log2[b, h, i] = LSE[b, h, i] * log2(e)
     dq_accum[b, h]    = 0                                          (fp32, padded rows)
+    dq_ready[b, h]    = 0                     (int32: key blocks whose dQ has landed)
 
 dS = P ∘ (dP − D) needs D = rowsum(P ∘ dP), which equals rowsum(dO ∘ O) because O = P V:
 one dot product per row here instead of a full row of dP in the main kernel. The main
@@ -25,7 +26,7 @@ from typing import Type
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .memory_pass import LOAD_BYTES, row_vector
@@ -63,11 +64,12 @@ class Sm90BackwardPreprocess:
         mD: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
+        mdQReady: cute.Tensor,  # (batch, heads), int32
         stream: cuda.CUstream,
     ):
         mO, mdO, mLSE, mD, mLSELog2, mdQAccum = (rows_first(t) for t in (mO, mdO, mLSE, mD, mLSELog2, mdQAccum))
         blocks = cute.ceil_div(cute.size(mO.shape[0]), self.block_rows)
-        self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum).launch(
+        self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum, mdQReady).launch(
             grid=(blocks, cute.size(mO.shape[2]), cute.size(mO.shape[3])),
             block=[THREADS, 1, 1],
             stream=stream,
@@ -82,9 +84,12 @@ class Sm90BackwardPreprocess:
         mD: cute.Tensor,
         mLSELog2: cute.Tensor,
         mdQAccum: cute.Tensor,
+        mdQReady: cute.Tensor,
     ):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
+        if m_block == 0 and tidx == 0:
+            mdQReady[batch, head] = Int32(0)
         lane_in_row = tidx % self.lanes_per_row
         row_in_pass = tidx // self.lanes_per_row
         self._rows(mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass)

@@ -50,13 +50,15 @@ def main() -> None:
     delta = torch.full((1, args.heads, padded), math.nan, device="cuda")
     lse_log2 = torch.full_like(delta, math.nan)
     accum = torch.full((1, args.heads, padded * args.hdim), math.nan, device="cuda")
-    compiled_backward_preprocess("bfloat16", args.hdim, config.tile_m)(out, dout, lse, delta, lse_log2, accum)
+    ready = torch.full((1, args.heads), -1, dtype=torch.int32, device="cuda")
+    compiled_backward_preprocess("bfloat16", args.hdim, config.tile_m)(out, dout, lse, delta, lse_log2, accum, ready)
     torch.cuda.synchronize()
     want_delta = (out.double() * dout.double()).sum(-1).transpose(1, 2)
     worst("D", delta[:, :, : args.seqlen_q], want_delta)
     worst("lse_log2", lse_log2[:, :, : args.seqlen_q], torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e)))
     print(f"padding    D==0 {bool((delta[:, :, args.seqlen_q:] == 0).all())}  lse_log2==+inf "
-          f"{bool((lse_log2[:, :, args.seqlen_q:] == math.inf).all())}  accumulator==0 {bool((accum == 0).all())}")
+          f"{bool((lse_log2[:, :, args.seqlen_q:] == math.inf).all())}  accumulator==0 {bool((accum == 0).all())}  "
+          f"head counters==0 {bool((ready == 0).all())}")
 
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=args.causal, grads=grads)

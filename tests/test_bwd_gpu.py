@@ -96,7 +96,8 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen", (1, 17, 1000))
-def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen):
+@pytest.mark.parametrize("overlap", (False, True), ids=("alone", "overlap"))
+def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap):
     # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py), which holds each
     # query block as the main kernel's tile geometry says: every value read from its
     # place, the product with the softmax scale rounded once to nearest even, as torch's
@@ -116,7 +117,12 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen):
     accum = torch.full((batch, heads, padded * head_dim), math.nan, device="cuda")
     accum[:, :, place] = rows_major.flatten(2)
     dq = torch.full((batch, seqlen, heads, head_dim), math.nan, device="cuda", dtype=dtype)
-    compiled_backward_postprocess(str(dtype).removeprefix("torch."), geometry)(accum, dq, scale)
+    # The overlapping variant, launched alone: its head counters already at the key blocks.
+    key_blocks = 3
+    ready = torch.full((batch, heads), key_blocks, dtype=torch.int32, device="cuda")
+    compiled_backward_postprocess(str(dtype).removeprefix("torch."), geometry, overlap=overlap)(
+        accum, dq, ready, key_blocks, scale
+    )
     torch.cuda.synchronize()
     want = torch.mul(rows_major[:, :, :seqlen].transpose(1, 2), scale).to(dtype)
     assert torch.equal(dq, want)

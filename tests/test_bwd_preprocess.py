@@ -1,6 +1,7 @@
-"""The backward preprocess: D = rowsum(dO ∘ O), LSE·log2(e) and a zeroed dQ accumulator,
-padded to whole query blocks. CPU: it compiles for sm_90a with the loads and shuffles its
-design depends on. GPU: its outputs against torch, poisoned before the launch."""
+"""The backward preprocess: D = rowsum(dO ∘ O), LSE·log2(e), a zeroed dQ accumulator
+padded to whole query blocks, and zeroed per-head counters. CPU: it compiles for sm_90a
+with the loads and shuffles its design depends on. GPU: its outputs against torch,
+poisoned before the launch."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ def test_preprocess_matches_torch(head_dim, dtype, seqlen):
     d = torch.full((batch, heads, padded), math.nan, device="cuda")
     lse_log2 = torch.full_like(d, math.nan)
     dq_accum = torch.full((batch, heads, padded * head_dim), math.nan, device="cuda")
+    dq_ready = torch.full((batch, heads), -7, dtype=torch.int32, device="cuda")
     name = str(dtype).removeprefix("torch.")
     kernel = compiled_backward_preprocess(name, head_dim, BLOCK_ROWS)
-    kernel(out, dout, lse, d, lse_log2, dq_accum)
+    kernel(out, dout, lse, d, lse_log2, dq_accum, dq_ready)
     torch.cuda.synchronize()
 
     expected = (out.double() * dout.double()).sum(-1).transpose(1, 2)
@@ -60,3 +62,4 @@ def test_preprocess_matches_torch(head_dim, dtype, seqlen):
     assert torch.allclose(lse_log2[:, :, :seqlen], want, rtol=1e-6, atol=0)
     assert torch.all(lse_log2[:, :, seqlen:] == math.inf)
     assert torch.all(dq_accum == 0)
+    assert torch.all(dq_ready == 0)

@@ -99,8 +99,13 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
     assert reductions == (2 * config.tile_n * head_dim // (2 * 256) if grouped else 0)
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.tile" in ptx) != grouped
-    # Not deterministic: the bulk copies are only waited for until shared memory is read.
-    assert not re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx) and "red.release" not in ptx
+    # Not deterministic: in the loops the bulk copies are only waited for until shared
+    # memory is read. Once, after the last, the store warp waits for them to land and counts
+    # this key block for its head's postprocess (release), which this grid lets launch
+    # early (overlap_postprocess).
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1
+    assert ptx.count("red.release.gpu.global.add.s32") == 1
+    assert ptx.count("griddepcontrol.launch_dependents") == 1 and "griddepcontrol.wait" not in ptx
 
 
 
@@ -117,9 +122,10 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     assert report.serialized_wgmma == 0
     ptx = report.ptx
     turns = 2 + (1 if grouped else 0)  # the masked and the mask-free loop, and the epilogue
-    assert ptx.count("red.release.gpu.global.add.s32") == turns
+    # Plus the store warp's count for the overlapping postprocess, after its last wait.
+    assert ptx.count("red.release.gpu.global.add.s32") == turns + 1
     assert ptx.count("ld.acquire.gpu") == 2 * turns  # the first read, and the spin
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2 + 1
 
 
 def test_dq_rows_compiles_clean():
@@ -217,6 +223,22 @@ def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
     assert loads == stores > 0
     assert report.ptx.count(f"cvt.rn.{kind}.f32") == 2 * loads and report.ptx.count("mul.f32") == 4 * loads
+
+
+@pytest.mark.parametrize("overlap", (False, True), ids=("alone", "overlap"))
+def test_dq_postprocess_waits_for_its_head_only_when_overlapping(overlap):
+    # Overlapping the main kernel, a CTA spins on its head's counter (acquire) before any
+    # load, and the grid's last CTA waits for the main grid (so the stream's next work
+    # does); alone, neither.
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_postprocess_report
+
+    geometry = backward_config(128, False).dq_tile_geometry
+    ptx = compile_backward_postprocess_report("bfloat16", geometry, overlap=overlap).ptx
+    assert ptx.count("griddepcontrol.wait") == int(overlap)
+    assert ptx.count("ld.acquire.gpu") == 2 * int(overlap)  # the first read, and the spin
+    if overlap:
+        assert ptx.index("ld.acquire.gpu") < ptx.index("ld.global.v4")
 
 
 @pytest.mark.parametrize("kernel", ("quantize_rows", "quantize_transposed_v", "bwd_postprocess"))

@@ -1,0 +1,86 @@
+"""Where the backward's time goes: its three launches timed alone on protocol shapes.
+
+    python perf/bwd_stage_timing.py [--hdim 64 128 256] [--seqlen 1024 4096 16384] [--causal] [--out x.json]
+
+Stages: the preprocess (D, lse_log2, the dQ accumulator zeroed), the main kernel, the
+postprocess (dQ out of its fp32 accumulator), and the whole ``attention_backward``; beside
+the two memory passes the bandwidth they reach (bytes read once and written once over
+their time). The memory passes cost the same at every seqlen of the protocol (16k tokens),
+the main kernel grows with it: their share is what short sequences lose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from flash4 import bench, flash_attn_func
+from flash4.backward import attention_backward, backward_config
+from flash4.compiler import compiled_backward, compiled_backward_postprocess, compiled_backward_preprocess
+
+FP32_BYTES = 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--seqlen", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="JSON of the timings, written after every shape")
+    args = parser.parse_args()
+    timer = bench.make_timer(quick=False)
+    records: list[dict] = []
+    for head_dim in args.hdim:
+        for seqlen in args.seqlen:
+            batch, heads = bench.TOKENS // seqlen, bench.HIDDEN // head_dim
+            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            out, lse = flash_attn_func(q, k, v, causal=args.causal, return_lse=True)
+            dout = torch.randn_like(out)
+            scale = head_dim ** -0.5
+            # The stages alone: the main kernel without the postprocess's overlap.
+            config = dataclasses.replace(backward_config(head_dim, args.causal), overlap_postprocess=False)
+            padded = -(-seqlen // config.tile_m) * config.tile_m
+            f32 = dict(dtype=torch.float32, device="cuda")
+            delta, lse_log2 = (torch.empty(batch, heads, padded, **f32) for _ in range(2))
+            dq_accum = torch.empty(batch, heads, padded * head_dim, **f32)
+            dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+            ready = torch.zeros(batch, heads, dtype=torch.int32, device="cuda")
+            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m)
+            main_kernel = compiled_backward(config, "bfloat16")
+            post = compiled_backward_postprocess("bfloat16", config.dq_tile_geometry)
+            accum_bytes = dq_accum.numel() * FP32_BYTES
+            stages = {
+                "preprocess": (lambda: pre(out, dout, lse, delta, lse_log2, dq_accum, ready),
+                               out.numel() * 4 + accum_bytes),
+                "main": (lambda: main_kernel(q, k, v, dout, lse_log2, delta,
+                                             dq_accum.view(batch, heads, padded, head_dim), dk, dv, None, None,
+                                             None, scale), None),
+                "postprocess": (lambda: post(dq_accum, dq, ready, 0, scale), accum_bytes + dq.numel() * 2),
+                "attention_backward": (lambda: attention_backward(q, k, v, out, dout, lse, scale, args.causal,
+                                                                  grads=(dq, dk, dv)), None),
+            }
+            cells = []
+            record = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=args.causal, us={})
+            for name, (fn, moved_bytes) in stages.items():
+                fn()
+                torch.cuda.synchronize()
+                ms = timer.milliseconds(fn)
+                record["us"][name] = round(ms * 1e3, 1)
+                rate = f", {moved_bytes / ms / 1e9:.2f} TB/s" if moved_bytes else ""
+                cells.append(f"{name} {ms * 1e3:.0f} us{rate}")
+            mask = "causal" if args.causal else "full"
+            print(f"d{head_dim} s{seqlen} {mask}: " + " | ".join(cells), flush=True)
+            records.append(record)
+            if args.out:
+                payload = {**bench.environment(), "command": "python3 " + " ".join(sys.argv), "timer": timer.description,
+                           "records": records}
+                bench.write_json(args.out, payload, quiet=True)
+
+
+if __name__ == "__main__":
+    main()
