@@ -129,6 +129,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # causal 301/455/521 -> 281/407/470 and 285/409/474: ptxas spills 20-60 bytes. At 128 and
 # 256 it spills 76-204 bytes and serialises the wgmmas, so was not run. Shared memory's
 # bandwidth is not what binds the 16-bit backward at 64.
+# Taken (2026-11-30, three rounds, -bwd-sweep-overlap-postprocess.json): the postprocess
+# overlapping the main kernel (overlap_postprocess), 1k unmasked 403/442/356 ->
+# 404/468/363 at head dims 64/128/256, causal 301/334/285 -> 305/345/297; 4k and 16k
+# within the spread. Not taken (2026-11-30, printed only, protocol 1k): the preprocess
+# with its loads issued before its stores, in batches (load_batches), the accumulator's
+# zeros first, between or last: 77-79 us -> 79-98 us at head dims 64/128/256, where a
+# copy of as many bytes takes 68-69 us.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
