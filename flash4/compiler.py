@@ -202,7 +202,9 @@ def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int,
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
 
 
-def compile_backward_postprocess(dtype_name: str, geometry: DQTileGeometry, *options: str, overlap: bool = False) -> Any:
+def compile_backward_postprocess(
+    dtype_name: str, geometry: DQTileGeometry, *options: str, overlap: bool = False
+) -> Any:
     """The backward postprocess (kernels/sm90_bwd_postprocess.py): dQ out of its fp32
     accumulator. Call it as ``fn(dq_accum, dq, dq_ready, key_blocks, softmax_scale)``:
     dq_accum float32 (batch, heads, padded seqlen_q * head_dim), tiled as ``geometry`` says

@@ -34,8 +34,10 @@ to the input dtype, times the softmax scale.
 
 Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
 into rings, each with its rows' lse_log2 or D; warpgroup 0, warp 1 (the dQ store warp)
-issues the bulk reductions of the dQ parts the consumers hand over; warpgroups 1 and 2
-are the consumers.
+issues the bulk reductions of the dQ parts the consumers hand over and, once the last has
+landed, counts the key block on its head's counter, which the postprocess (launched
+while this grid runs: ``overlap_postprocess``) waits on; warpgroups 1 and 2 are the
+consumers.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
 
 One CTA per (block of rows, head, batch); consecutive threads take consecutive 16 bytes of
 a row, so the stores are coalesced and the loads read whole 16-byte units of one tile.
+
+With ``overlap`` the postprocess is a programmatic dependent of the main kernel: it may
+start once every CTA of the main grid has, on the SMs that grid's last wave leaves idle.
+A CTA first waits until its head's counter shows every key block's dQ landed (the main
+kernel's ``signal_dq_ready``), not for the whole grid; its memory pass is the same.
 """
 
 from __future__ import annotations
