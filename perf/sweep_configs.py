@@ -136,6 +136,12 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # with its loads issued before its stores, in batches (load_batches), the accumulator's
 # zeros first, between or last: 77-79 us -> 79-98 us at head dims 64/128/256, where a
 # copy of as many bytes takes 68-69 us.
+# Lost (2026-11-30, three rounds, -bwd-sweep-early-dv.json): at head dim 128, dV's GEMM
+# issued right after P and before the wait for dPᵀ, which pins all 32 exponentials a
+# thread computes ahead of that wait (ptxas otherwise hoists it over all but 5 of them in
+# the mask-free loop; flash-attn-4's SASS keeps them ahead, and ncu at 16k,
+# -ncu-bwd-d128-full-16k.json, has flash4 at 14.2M cycles to its 13.4M). Full 475/561/595
+# -> 448/553/573, causal 352/507/588 -> 347/496/572 at 1k/4k/16k. At 64 it spills.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
