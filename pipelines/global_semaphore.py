@@ -8,6 +8,12 @@ only ever waits for CTAs launched before it: no cycle, no deadlock.
 
     wait_for_turn(counter, r)    one thread: spin on ld.acquire.gpu until counter == r
     pass_turn(counter)           one thread: red.release.gpu.add counter, 1
+
+The same pair counts arrivals: the backward's postprocess, launched while the main kernel
+runs, waits until its head's counter reaches the number of key blocks, each of which
+raises it once its dQ additions have landed (``overlap_postprocess``). Every main CTA has
+started before any postprocess CTA may, so that wait never holds an SM a waited-for CTA
+needs.
 """
 
 from __future__ import annotations
