@@ -47,6 +47,14 @@ def backward_config(
     )
 
 
+def dq_accumulator(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """dQ's fp32 accumulator, left as allocated: the preprocess zeroes it, or the main
+    kernel's first contribution to each part stores (``dq_first_stores``). The GPU tests
+    replace this function with one that fills it with NaN, so that a part nobody wrote
+    shows."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
 def attention_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -86,32 +94,35 @@ def attention_backward(
     f32 = dict(dtype=torch.float32, device=q.device)
     delta = torch.empty(batch, heads, padded, **f32)
     lse_log2 = torch.empty(batch, heads, padded, **f32)
-    dq_accum = torch.empty(batch, heads, padded * head_dim, **f32)
+    dq_accum = dq_accumulator((batch, heads, padded * head_dim), q.device)
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
-    # Deterministic: a turn counter per (query block, head) for dQ, per (key block, kv head)
-    # for GQA's dK and dV.
-    dq_turns = kv_turns = None
-    if deterministic:
-        turns = dict(dtype=torch.int32, device=q.device)
-        # One counter per query block and column part (each warpgroup writes its own).
-        dq_counters = config.consumer_warpgroups
-        dq_turns = torch.zeros(batch, heads, padded // config.tile_m * dq_counters, **turns)
-        if grouped:
-            kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **turns)
+    # dQ's counters, one per query block and part (each warpgroup writes its own): the turns
+    # of its additions (deterministic), or the tickets that pick each part's first store
+    # (dq_first_stores), which the preprocess zeroes. Deterministic GQA: a turn counter per
+    # (key block, kv head) for dK and dV.
+    counters = dict(dtype=torch.int32, device=q.device)
+    parts = config.consumer_warpgroups
+    dq_counters = kv_turns = None
+    if config.dq_first_stores:
+        dq_counters = torch.empty(batch, heads, padded // config.tile_m * parts, **counters)
+    elif config.deterministic:
+        dq_counters = torch.zeros(batch, heads, padded // config.tile_m * parts, **counters)
+    if config.deterministic and grouped:
+        kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **counters)
     # Each head's count of key blocks whose dQ has landed (zeroed by the preprocess), which
     # the postprocess waits on when it overlaps the main kernel.
     dq_ready = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
     key_blocks = -(-problem.seqlen_k // config.tile_n)
-    compiled_backward_preprocess(problem.dtype, head_dim, config.tile_m)(
-        out, dout, lse, delta, lse_log2, dq_accum, dq_ready
-    )
+    compiled_backward_preprocess(
+        problem.dtype, head_dim, config.tile_m, dq_counters_per_block=parts if config.dq_first_stores else 0
+    )(out, dout, lse, delta, lse_log2, dq_accum, dq_ready, dq_counters if config.dq_first_stores else None)
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,
-        dq_turns, kv_turns, dq_ready if config.overlap_postprocess else None, problem.softmax_scale,
+        dq_counters, kv_turns, dq_ready if config.overlap_postprocess else None, problem.softmax_scale,
     )
     # A CuTe kernel, not torch's strided mixed-dtype multiply (H200: +13-21% at seqlen 512,
     # where the conversion is a large part of the call). Right after the main kernel, which

@@ -166,7 +166,7 @@ DQ_ACCUM_ALIGN_BYTES = 16
 TURNS_ALIGN_BYTES = 4
 
 
-def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
+def _backward_preprocess_arguments(dtype_name: str, head_dim: int, with_counters: bool) -> tuple:
     import cutlass
     import cutlass.cute as cute
 
@@ -179,24 +179,30 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int) -> tuple:
     lse_log2 = _fake_tensor(cutlass.Float32, (batch, heads, padded), LSE_ALIGN_BYTES)
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded * head_dim), DQ_ACCUM_ALIGN_BYTES)
     dq_ready = _fake_tensor(cutlass.Int32, (batch, heads), TURNS_ALIGN_BYTES)
+    dq_counters = _fake_tensor(cutlass.Int32, (batch, heads, cute.sym_int()), TURNS_ALIGN_BYTES) if with_counters else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return o, do, lse, d, lse_log2, dq_accum, dq_ready, stream
+    return o, do, lse, d, lse_log2, dq_accum, dq_ready, dq_counters, stream
 
 
-def compile_backward_preprocess(dtype_name: str, head_dim: int, block_rows: int, *options: str) -> Any:
+def compile_backward_preprocess(
+    dtype_name: str, head_dim: int, block_rows: int, *options: str, dq_counters_per_block: int = 0
+) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
-    query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum, dq_ready)`` with
-    torch tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q) and ``dq_accum``
-    (batch, heads, padded seqlen_q * head_dim) are float32, padded to whole blocks of
-    ``block_rows``; ``dq_ready`` (batch, heads) int32.
+    query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum, dq_ready,
+    dq_counters)`` with torch tensors; ``d``, ``lse_log2`` (batch, heads, padded seqlen_q)
+    and ``dq_accum`` (batch, heads, padded seqlen_q * head_dim) are float32, padded to whole
+    blocks of ``block_rows``; ``dq_ready`` (batch, heads) int32. ``dq_counters_per_block``
+    (the main kernel's ``dq_first_stores``): int32 ``dq_counters`` (batch, heads, query
+    blocks x that many) are zeroed instead of ``dq_accum``; otherwise pass None.
     """
     import cutlass.cute as cute
 
     from flash4.kernels.sm90_bwd_preprocess import Sm90BackwardPreprocess
 
-    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows)
+    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows, dq_counters_per_block)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(kernel, *_backward_preprocess_arguments(dtype_name, head_dim), options=flags)
+    arguments = _backward_preprocess_arguments(dtype_name, head_dim, dq_counters_per_block > 0)
+    return cute.compile(kernel, *arguments, options=flags)
 
 
 compiled_backward_preprocess = functools.lru_cache(maxsize=None)(compile_backward_preprocess)
@@ -231,7 +237,8 @@ compiled_backward_postprocess = functools.lru_cache(maxsize=None)(compile_backwa
 
 
 def _backward_arguments(
-    dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool, overlap_postprocess: bool
+    dtype_name: str, head_dim: int, kv_accumulate: bool, deterministic: bool, overlap_postprocess: bool,
+    dq_counters: bool,
 ) -> tuple:
     import cutlass
     import cutlass.cute as cute
@@ -246,9 +253,10 @@ def _backward_arguments(
     # Read and written by TMA, per query block.
     lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), TMA_ALIGN_BYTES) for _ in range(2))
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), TMA_ALIGN_BYTES)
-    # Deterministic: int32 turn counters per (query block, head) and (key block, kv head).
+    # Deterministic: int32 turn counters per (query block, head) and (key block, kv head);
+    # dq_first_stores: dQ's counters (turns or tickets) per (query block and part, head).
     m_blocks, n_blocks = cute.sym_int(), cute.sym_int()
-    dq_turns = _fake_tensor(cutlass.Int32, (batch, heads, m_blocks), TURNS_ALIGN_BYTES) if deterministic else None
+    dq_counters = _fake_tensor(cutlass.Int32, (batch, heads, m_blocks), TURNS_ALIGN_BYTES) if dq_counters else None
     kv_turns = (
         _fake_tensor(cutlass.Int32, (batch, kv_heads, n_blocks), TURNS_ALIGN_BYTES)
         if deterministic and kv_accumulate
@@ -257,12 +265,12 @@ def _backward_arguments(
     # overlap_postprocess: int32 per (batch, head), the key blocks whose dQ has landed.
     dq_ready = _fake_tensor(cutlass.Int32, (batch, heads), TURNS_ALIGN_BYTES) if overlap_postprocess else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns, dq_ready, cutlass.Float32(1.0), stream
+    return q, k, v, do, lse_log2, d, dq_accum, dk, dv, dq_counters, kv_turns, dq_ready, cutlass.Float32(1.0), stream
 
 
 def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     """The main backward kernel (kernels/sm90_bwd.py) for one ``Sm90BackwardConfig`` and
-    dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, dq_turns, kv_turns,
+    dtype. Call it as ``fn(q, k, v, dout, lse_log2, d, dq_accum, dk, dv, dq_counters, kv_turns,
     dq_ready, softmax_scale)``
     with torch tensors (see flash4.backward for the buffers)."""
     import cutlass.cute as cute
@@ -274,7 +282,8 @@ def compile_backward(config: Any, dtype_name: str, *options: str) -> Any:
     return cute.compile(
         kernel,
         *_backward_arguments(
-            dtype_name, config.head_dim, config.kv_accumulate, config.deterministic, config.overlap_postprocess
+            dtype_name, config.head_dim, config.kv_accumulate, config.deterministic, config.overlap_postprocess,
+            config.deterministic or config.dq_first_stores,
         ),
         options=flags,
     )

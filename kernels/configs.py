@@ -257,6 +257,12 @@ class Sm90BackwardConfig:
     # 54-80 us at any seqlen of the protocol's 16k tokens, a sixth of the call at 1k (H200
     # sweep, 3 rounds: +1-6% at 1k, within noise at 4k and 16k).
     overlap_postprocess: bool = True
+    # The first key block to hand over a query block's dQ part stores it into the fp32
+    # accumulator, the others add after that store has landed (a ticket counter per part;
+    # deterministic: the first in turn order), so the preprocess writes no zeros: 4 bytes
+    # per dQ element, 128 MB at the protocol's 16k tokens, on the critical path at every
+    # seqlen.
+    dq_first_stores: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -14,6 +14,8 @@ from typing import Iterator
 
 # 16-byte global loads: the widest a thread issues.
 LOAD_BYTES = 16
+# fp32 values per 16-byte access.
+FP32_PER_VECTOR = LOAD_BYTES // 4
 # Loads a thread keeps in flight: at 4.8 TB/s and about 1 us of latency an H200 SM needs
 # some 36 KB in flight, nine warps' worth of eight 16-byte loads a lane.
 LOADS_IN_FLIGHT = 8

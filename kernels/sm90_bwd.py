@@ -54,15 +54,16 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..pipelines.global_semaphore import pass_turn, wait_for_turn
+from ..pipelines.global_semaphore import announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .bulk_reduce import bulk_reduce_add_f32
+from .bulk_reduce import bulk_reduce_add_f32, bulk_store
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
+from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
@@ -108,8 +109,9 @@ class DQReduction:
 
     smem: cute.Tensor
     accum: cute.Tensor
-    # Deterministic: this head's turn counters, one per query block (None otherwise).
-    turns: Optional[cute.Tensor]
+    # This head's counters, one per query block and part: deterministic, its turns; with
+    # dq_first_stores alone, its tickets (None otherwise).
+    counters: Optional[cute.Tensor]
 
 
 @dataclass(frozen=True)
@@ -221,8 +223,9 @@ class Sm90BackwardKernel:
         mdK: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         # Deterministic: zeroed int32 turn counters of the fp32 additions, (batch, heads,
-        # query blocks) for dQ and (batch, kv_heads, key blocks) for kv_accumulate's dK, dV.
-        mdQTurns: Optional[cute.Tensor],
+        # query blocks x parts) for dQ and (batch, kv_heads, key blocks) for kv_accumulate's
+        # dK, dV. dq_first_stores alone: dQ's ticket counters, of the same shape.
+        mdQCounters: Optional[cute.Tensor],
         mdKVTurns: Optional[cute.Tensor],
         # overlap_postprocess: zeroed int32 (batch, heads), key blocks whose dQ has landed.
         mdQReady: Optional[cute.Tensor],
@@ -231,8 +234,8 @@ class Sm90BackwardKernel:
     ):
         mQ, mK, mV, mdO, mdK, mdV = (rows_first(t) for t in (mQ, mK, mV, mdO, mdK, mdV))
         mLSELog2, mD = rows_first(mLSELog2), rows_first(mD)
-        if cutlass.const_expr(mdQTurns is not None):
-            mdQTurns = rows_first(mdQTurns)
+        if cutlass.const_expr(mdQCounters is not None):
+            mdQCounters = rows_first(mdQCounters)
         if cutlass.const_expr(mdKVTurns is not None):
             mdKVTurns = rows_first(mdKVTurns)
         mdQAccum = cute.make_tensor(mdQAccum.iterator, cute.select(mdQAccum.layout, mode=[2, 3, 1, 0]))
@@ -294,7 +297,7 @@ class Sm90BackwardKernel:
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQTurns, mdKVTurns, mdQReady,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQCounters, mdKVTurns, mdQReady,
             atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta,
             softmax_scale,
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
@@ -350,7 +353,7 @@ class Sm90BackwardKernel:
         mLSELog2: cute.Tensor,
         mD: cute.Tensor,
         mdQAccum: cute.Tensor,
-        mdQTurns: Optional[cute.Tensor],
+        mdQCounters: Optional[cute.Tensor],
         mdKVTurns: Optional[cute.Tensor],
         mdQReady: Optional[cute.Tensor],
         atom_q: cute.CopyAtom,
@@ -406,10 +409,10 @@ class Sm90BackwardKernel:
                     sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
                 )
             if warp_idx == DQ_STORE_WARP:
-                dq_turns = None
-                if cutlass.const_expr(mdQTurns is not None):
-                    dq_turns = mdQTurns[None, head, batch]
-                dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_turns)
+                dq_counters = None
+                if cutlass.const_expr(mdQCounters is not None):
+                    dq_counters = mdQCounters[None, head, batch]
+                dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_counters)
                 self.store_dq(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
                 if cutlass.const_expr(mdQReady is not None):
                     self.signal_dq_ready(mdQReady, head, batch)
@@ -683,53 +686,127 @@ class Sm90BackwardKernel:
         )
 
     @cute.jit
-    def reduce_dq_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
-                       seqlen_k: Int32):
+    def add_dq_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
+                    seqlen_k: Int32, ticket: Optional[Int32]):
         """One warp (lane 0 issues): the bulk reduction of dQ part ``part`` of query block
         ``m_block`` into the accumulator, where that part's place is the next
         ``part_floats`` values after the earlier parts and blocks.
 
         Deterministic: the contributions to a query block's part go in a fixed order
         (``dq_turn_rank``), each waiting until the one before has landed, not only been
-        read: a turn counter per part reaches this block's rank when it may go."""
+        read: a turn counter per part reaches this block's rank when it may go.
+
+        dq_first_stores: the first contribution (rank 0, or ``ticket`` 0) stores instead of
+        adding, into an accumulator nobody zeroed; a later ticket adds once the counter
+        says that store has landed (``announce_dq_stores``)."""
         parts = self.config.consumer_warpgroups
         counter = m_block * parts + part
         lane = cute.arch.lane_idx()
-        if cutlass.const_expr(dq_out.turns is not None):
+        first = False
+        if cutlass.const_expr(self.config.deterministic):
             if lane == 0:
                 rank = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-                wait_for_turn(dq_out.turns.iterator + counter, rank)
+                wait_for_turn(dq_out.counters.iterator + counter, rank)
+            if cutlass.const_expr(self.config.dq_first_stores):
+                first = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal) == 0
+        elif cutlass.const_expr(self.config.dq_first_stores):
+            first = ticket == 0
+            if lane == 0 and not first:
+                wait_until_landed(dq_out.counters.iterator + counter)
         part_floats = self.tile_m * self.head_dim // parts
         if lane == 0:
-            bulk_reduce_add_f32(
-                dq_out.smem[None, None, part].iterator,
-                dq_out.accum.iterator + (m_block * parts + part) * part_floats,
-                part_floats * (Float32.width // 8),
-            )
+            smem = dq_out.smem[None, None, part].iterator
+            gmem = dq_out.accum.iterator + (m_block * parts + part) * part_floats
+            part_bytes = part_floats * (Float32.width // 8)
+            if cutlass.const_expr(self.config.dq_first_stores):
+                if first:
+                    bulk_store(smem, gmem, part_bytes)
+                else:
+                    bulk_reduce_add_f32(smem, gmem, part_bytes)
+            else:
+                bulk_reduce_add_f32(smem, gmem, part_bytes)
         cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(dq_out.turns is not None):
+        if cutlass.const_expr(self.config.deterministic):
             cute.arch.cp_async_bulk_wait_group(0, read=False)
             if lane == 0:
-                pass_turn(dq_out.turns.iterator + counter)
+                pass_turn(dq_out.counters.iterator + counter)
+
+    @cute.jit
+    def take_dq_tickets(self, dq_out: DQReduction, m_block: Int32) -> list:
+        """dq_first_stores, not deterministic: this CTA's ticket for each part of query
+        block ``m_block``, every lane holding lane 0's. Taken before the warpgroups hand the
+        parts over, so the atomics' round trip overlaps their GEMMs; nothing this warp waits
+        for lies between a ticket and its store (pipelines/global_semaphore.py)."""
+        parts = self.config.consumer_warpgroups
+        taken = []
+        for part in cutlass.range_constexpr(parts):
+            ticket = Int32(0)
+            if cute.arch.lane_idx() == 0:
+                ticket = take_ticket(dq_out.counters.iterator + m_block * parts + part)
+            taken.append(ticket)
+        # All atomics in flight before the first shuffle waits for one.
+        return [cute.arch.shuffle_sync(ticket, 0) for ticket in taken]
+
+    @cute.jit
+    def announce_dq_stores(self, dq_out: DQReduction, m_block: Int32, tickets: list):
+        """The first stores of this block's parts, once landed, let the later tickets add."""
+        parts = self.config.consumer_warpgroups
+        firsts = Int32(0)
+        for part in cutlass.range_constexpr(parts):
+            if tickets[part] == 0:
+                firsts += 1
+        if firsts > 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            if cute.arch.lane_idx() == 0:
+                for part in cutlass.range_constexpr(parts):
+                    if tickets[part] == 0:
+                        announce_landed(dq_out.counters.iterator + m_block * parts + part)
+
+    @cute.jit
+    def zero_unseen_dq(self, dq_out: DQReduction, m_blocks: Int32):
+        """dq_first_stores, causal, seqlen_q > seqlen_k: query blocks [0, ``m_blocks``) see
+        no key at all, so no CTA stores their dQ, and nothing zeroed the accumulator. Key
+        block 0's store warp (m_blocks is where its query blocks start) stores their zeros."""
+        floats = m_blocks * self.tile_m * self.head_dim
+        vectors = floats // FP32_PER_VECTOR
+        flat = cute.make_tensor(dq_out.accum.iterator, cute.make_layout(floats))
+        zeros = cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), Float32)
+        zeros.fill(0.0)
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range(cute.ceil_div(vectors, THREADS_PER_WARP), unroll=1):
+            vector = i * THREADS_PER_WARP + lane
+            if vector < vectors:
+                cute.autovec_copy(zeros, cute.local_tile(flat, (FP32_PER_VECTOR,), (vector,)))
+        # Every lane's stores come before lane 0's release in signal_dq_ready.
+        cute.arch.sync_warp()
 
     @cute.jit
     def store_dq(self, dq_out: DQReduction, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32,
                  m_end: Int32):
         """The dQ store warp: per query block and part, wait until the
-        warpgroup has written its part, reduce it into the accumulator, and once the TMA
-        engine has read every part, let the warpgroups write the next block's. The first
-        block's parts are free from the start; after the last, nothing waits for them, so
-        the last read is awaited only for shared memory to outlive it."""
+        warpgroup has written its part, add (or first store) it into the accumulator, and
+        once the TMA engine has read every part, let the warpgroups write the next block's.
+        The first block's parts are free from the start; after the last, nothing waits for
+        them, so the last read is awaited only for shared memory to outlive it."""
         parts = self.config.consumer_warpgroups
+        tickets_taken = self.config.dq_first_stores and not self.config.deterministic
+        if cutlass.const_expr(self.config.dq_first_stores and self.causal):
+            if n_block == 0:
+                self.zero_unseen_dq(dq_out, m_begin)
         if m_begin < m_end:
             for part in cutlass.range_constexpr(parts):
                 cute.arch.barrier_arrive(
                     barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
                 )
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
+            tickets = [None] * parts
+            if cutlass.const_expr(tickets_taken):
+                tickets = self.take_dq_tickets(dq_out, m_block)
             for part in cutlass.range_constexpr(parts):
                 cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
-                self.reduce_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k)
+                self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, tickets[part])
+            if cutlass.const_expr(tickets_taken):
+                self.announce_dq_stores(dq_out, m_block, tickets)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
             if m_block + 1 < m_end:
                 for part in cutlass.range_constexpr(parts):

@@ -6,6 +6,11 @@ recomputing it in every key block.
     dq_accum[b, h]    = 0                                          (fp32, padded rows)
     dq_ready[b, h]    = 0                     (int32: key blocks whose dQ has landed)
 
+or, when the main kernel's first contribution to each part of dQ stores instead of adding
+(``dq_first_stores``), no zeros in the accumulator but in that part's counter:
+
+    dq_counters[b, h, block * parts + part] = 0
+
 dS = P ∘ (dP − D) needs D = rowsum(P ∘ dP), which equals rowsum(dO ∘ O) because O = P V:
 one dot product per row here instead of a full row of dP in the main kernel. The main
 kernel recomputes P = exp2(S · scale · log2(e) − lse_log2) with one FMA per score.
@@ -21,7 +26,7 @@ lanes of one warp, which then sum their partial products with shuffles.
 from __future__ import annotations
 
 import math
-from typing import Type
+from typing import Optional, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -29,11 +34,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
-from .memory_pass import LOAD_BYTES, row_vector
+from .memory_pass import FP32_PER_VECTOR, row_vector
 from .wgmma import rows_first
 
-# fp32 values per 16-byte store.
-ZERO_VECTOR = LOAD_BYTES // 4
 # Four warps: enough loads in flight per SM for a bandwidth-bound pass, with many CTAs.
 THREADS = 4 * THREADS_PER_WARP
 
@@ -41,8 +44,10 @@ THREADS = 4 * THREADS_PER_WARP
 class Sm90BackwardPreprocess:
     """The preprocess for one head dim, dtype and query block size (the main kernel's)."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, dq_counters_per_block: int = 0):
         self.head_dim = head_dim
+        # 0: zero the dQ accumulator; else the counters of each query block's dQ parts.
+        self.dq_counters_per_block = dq_counters_per_block
         self.dtype = dtype
         self.block_rows = block_rows
         self.vector = row_vector(dtype.width, head_dim)
@@ -65,11 +70,14 @@ class Sm90BackwardPreprocess:
         mLSELog2: cute.Tensor,  # (batch, heads, padded seqlen_q), float32
         mdQAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32
         mdQReady: cute.Tensor,  # (batch, heads), int32
+        mdQCounters: Optional[cute.Tensor],  # (batch, heads, query blocks x parts), int32
         stream: cuda.CUstream,
     ):
         mO, mdO, mLSE, mD, mLSELog2, mdQAccum = (rows_first(t) for t in (mO, mdO, mLSE, mD, mLSELog2, mdQAccum))
+        if cutlass.const_expr(mdQCounters is not None):
+            mdQCounters = rows_first(mdQCounters)
         blocks = cute.ceil_div(cute.size(mO.shape[0]), self.block_rows)
-        self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum, mdQReady).launch(
+        self.kernel(mO, mdO, mLSE, mD, mLSELog2, mdQAccum, mdQReady, mdQCounters).launch(
             grid=(blocks, cute.size(mO.shape[2]), cute.size(mO.shape[3])),
             block=[THREADS, 1, 1],
             stream=stream,
@@ -85,6 +93,7 @@ class Sm90BackwardPreprocess:
         mLSELog2: cute.Tensor,
         mdQAccum: cute.Tensor,
         mdQReady: cute.Tensor,
+        mdQCounters: Optional[cute.Tensor],
     ):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
@@ -93,14 +102,22 @@ class Sm90BackwardPreprocess:
         lane_in_row = tidx % self.lanes_per_row
         row_in_pass = tidx // self.lanes_per_row
         self._rows(mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass)
+        if cutlass.const_expr(self.dq_counters_per_block):
+            if tidx < self.dq_counters_per_block:
+                mdQCounters[m_block * self.dq_counters_per_block + tidx, head, batch] = Int32(0)
+        else:
+            self._zero_accumulator(mdQAccum, m_block, head, batch, tidx)
+
+    @cute.jit
+    def _zero_accumulator(self, mdQAccum: cute.Tensor, m_block: Int32, head: Int32, batch: Int32, tidx: Int32):
         # This block's slice of the dQ accumulator, which the main kernel adds into, in
         # 16-byte stores.
         chunk = self.block_rows * self.head_dim
         accum = cute.local_tile(mdQAccum[None, head, batch], (chunk,), (m_block,))
-        zeros = cute.make_rmem_tensor(cute.make_layout(ZERO_VECTOR), Float32)
+        zeros = cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), Float32)
         zeros.fill(0.0)
-        for i in cutlass.range(chunk // (ZERO_VECTOR * THREADS), unroll_full=True):
-            cute.autovec_copy(zeros, cute.local_tile(accum, (ZERO_VECTOR,), (i * THREADS + tidx,)))
+        for i in cutlass.range(chunk // (FP32_PER_VECTOR * THREADS), unroll_full=True):
+            cute.autovec_copy(zeros, cute.local_tile(accum, (FP32_PER_VECTOR,), (i * THREADS + tidx,)))
 
     @cute.jit
     def _rows(self, mO, mdO, mLSE, mD, mLSELog2, m_block, head, batch, lane_in_row, row_in_pass):

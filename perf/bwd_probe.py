@@ -51,7 +51,7 @@ def main() -> None:
     lse_log2 = torch.full_like(delta, math.nan)
     accum = torch.full((1, args.heads, padded * args.hdim), math.nan, device="cuda")
     ready = torch.full((1, args.heads), -1, dtype=torch.int32, device="cuda")
-    compiled_backward_preprocess("bfloat16", args.hdim, config.tile_m)(out, dout, lse, delta, lse_log2, accum, ready)
+    compiled_backward_preprocess("bfloat16", args.hdim, config.tile_m)(out, dout, lse, delta, lse_log2, accum, ready, None)
     torch.cuda.synchronize()
     want_delta = (out.double() * dout.double()).sum(-1).transpose(1, 2)
     worst("D", delta[:, :, : args.seqlen_q], want_delta)

@@ -2,7 +2,8 @@
 
     python perf/bwd_stage_timing.py [--hdim 64 128 256] [--seqlen 1024 4096 16384] [--causal] [--out x.json]
 
-Stages: the preprocess (D, lse_log2, the dQ accumulator zeroed), the main kernel, the
+Stages: the preprocess (D, lse_log2, and the dQ accumulator zeroed unless the selector's
+kernel stores each part's first contribution, ``dq_first_stores``), the main kernel, the
 postprocess (dQ out of its fp32 accumulator), and the whole ``attention_backward``; beside
 the two memory passes the bandwidth they reach (bytes read once and written once over
 their time). The memory passes cost the same at every seqlen of the protocol (16k tokens),
@@ -50,16 +51,26 @@ def main() -> None:
             dq_accum = torch.empty(batch, heads, padded * head_dim, **f32)
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             ready = torch.zeros(batch, heads, dtype=torch.int32, device="cuda")
-            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m)
+            parts = config.consumer_warpgroups if config.dq_first_stores else 0
+            counters = torch.empty(batch, heads, padded // config.tile_m * parts, dtype=torch.int32, device="cuda")
+            counters = counters if parts else None
+            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m, dq_counters_per_block=parts)
             main_kernel = compiled_backward(config, "bfloat16")
             post = compiled_backward_postprocess("bfloat16", config.dq_tile_geometry)
             accum_bytes = dq_accum.numel() * FP32_BYTES
+            zeroed_bytes = 0 if parts else accum_bytes
+            def main_alone() -> None:
+                if counters is not None:
+                    # Tickets start at zero in every call (the preprocess's job): a memset
+                    # of a few KB, timed with the kernel.
+                    counters.zero_()
+                main_kernel(q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk, dv,
+                            counters, None, None, scale)
+
             stages = {
-                "preprocess": (lambda: pre(out, dout, lse, delta, lse_log2, dq_accum, ready),
-                               out.numel() * 4 + accum_bytes),
-                "main": (lambda: main_kernel(q, k, v, dout, lse_log2, delta,
-                                             dq_accum.view(batch, heads, padded, head_dim), dk, dv, None, None,
-                                             None, scale), None),
+                "preprocess": (lambda: pre(out, dout, lse, delta, lse_log2, dq_accum, ready, counters),
+                               out.numel() * 4 + zeroed_bytes),
+                "main": (main_alone, None),
                 "postprocess": (lambda: post(dq_accum, dq, ready, 0, scale), accum_bytes + dq.numel() * 2),
                 "attention_backward": (lambda: attention_backward(q, k, v, out, dout, lse, scale, args.causal,
                                                                   grads=(dq, dk, dv)), None),

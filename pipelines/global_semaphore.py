@@ -14,6 +14,15 @@ runs, waits until its head's counter reaches the number of key blocks, each of w
 raises it once its dQ additions have landed (``overlap_postprocess``). Every main CTA has
 started before any postprocess CTA may, so that wait never holds an SM a waited-for CTA
 needs.
+
+Tickets decide which CTA writes an accumulator tile first, so that it needs no zeroing:
+
+    take_ticket(counter)         one thread: atomic add 1, returns the old count (0: first)
+    announce_landed(counter)     the first, once its store has landed: add LANDED (release)
+    wait_until_landed(counter)   any later one, before it adds: spin until counter >= LANDED
+
+A CTA takes its ticket when it is about to write (nothing it still waits for comes before
+that write), so the first holder's store never waits on another CTA: no cycle.
 """
 
 from __future__ import annotations
@@ -34,3 +43,26 @@ def pass_turn(counter: cute.Pointer) -> None:
     # Release: everything this thread (and, through the CTA barrier before it, its CTA)
     # wrote is visible before the next rank can read its turn.
     cute.arch.red(counter, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+
+
+# A ticket counter's value once its first holder's store has landed: above any count of
+# tickets taken (one per contributing CTA).
+LANDED = 1 << 24
+
+
+@cute.jit
+def take_ticket(counter: cute.Pointer) -> Int32:
+    return Int32(cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu"))
+
+
+@cute.jit
+def announce_landed(counter: cute.Pointer) -> None:
+    # Release, after the caller waited for its store to land (not only to be read).
+    cute.arch.red(counter, Int32(LANDED), op="add", dtype="s32", sem="release", scope="gpu")
+
+
+@cute.jit
+def wait_until_landed(counter: cute.Pointer) -> None:
+    seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    while seen < LANDED:
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")

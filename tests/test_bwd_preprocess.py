@@ -1,6 +1,7 @@
 """The backward preprocess: D = rowsum(dO ∘ O), LSE·log2(e), a zeroed dQ accumulator
-padded to whole query blocks, and zeroed per-head counters. CPU: it compiles for sm_90a
-with the loads and shuffles its design depends on. GPU: its outputs against torch,
+padded to whole query blocks (or, for the main kernel's dq_first_stores, zeroed counters
+per query block and part instead), and zeroed per-head counters. CPU: it compiles for
+sm_90a with the loads and shuffles its design depends on. GPU: its outputs against torch,
 poisoned before the launch."""
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ from flash4.compiler import compile_backward_preprocess
 BLOCK_ROWS = 128
 
 
+# Counters per query block when the main kernel's first dQ contributions store.
+PARTS = 2
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_preprocess_compiles_with_vector_loads_and_row_shuffles(head_dim):
+@pytest.mark.parametrize("counters", (0, PARTS))
+def test_preprocess_compiles_with_vector_loads_and_row_shuffles(head_dim, counters):
     with tempfile.TemporaryDirectory() as scratch:
         compiled = compile_backward_preprocess(
-            "bfloat16", head_dim, BLOCK_ROWS, "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={scratch}"
+            "bfloat16", head_dim, BLOCK_ROWS, "--gpu-arch=sm_90a", "--keep-ptx", f"--dump-dir={scratch}",
+            dq_counters_per_block=counters,
         )
         ptx = compiled.__ptx__
     lanes_per_row = head_dim // 8
     passes = BLOCK_ROWS // (128 // lanes_per_row)
-    # Two 16-byte loads (O and dO) per row pass, and 16-byte stores for the accumulator.
+    # Two 16-byte loads (O and dO) per row pass, and 16-byte stores for the accumulator
+    # unless the counters are zeroed instead (no 16-byte store at all).
     assert ptx.count("ld.global.v4") == 2 * passes
-    assert ptx.count("st.global.v4") == BLOCK_ROWS * head_dim // (4 * 128)
+    assert ptx.count("st.global.v4") == (0 if counters else BLOCK_ROWS * head_dim // (4 * 128))
     # The lanes of one row add their partial sums: log2(lanes) shuffles per pass.
     assert ptx.count("shfl.sync.bfly") == passes * int(math.log2(lanes_per_row))
 
@@ -36,7 +44,8 @@ def test_preprocess_compiles_with_vector_loads_and_row_shuffles(head_dim):
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("seqlen", (1, 17, 128, 1000))
-def test_preprocess_matches_torch(head_dim, dtype, seqlen):
+@pytest.mark.parametrize("counters", (0, PARTS))
+def test_preprocess_matches_torch(head_dim, dtype, seqlen, counters):
     from flash4.compiler import compiled_backward_preprocess
 
     batch, heads = 3, 5
@@ -49,9 +58,10 @@ def test_preprocess_matches_torch(head_dim, dtype, seqlen):
     lse_log2 = torch.full_like(d, math.nan)
     dq_accum = torch.full((batch, heads, padded * head_dim), math.nan, device="cuda")
     dq_ready = torch.full((batch, heads), -7, dtype=torch.int32, device="cuda")
+    dq_counters = torch.full((batch, heads, padded // BLOCK_ROWS * PARTS), -7, dtype=torch.int32, device="cuda")
     name = str(dtype).removeprefix("torch.")
-    kernel = compiled_backward_preprocess(name, head_dim, BLOCK_ROWS)
-    kernel(out, dout, lse, d, lse_log2, dq_accum, dq_ready)
+    kernel = compiled_backward_preprocess(name, head_dim, BLOCK_ROWS, dq_counters_per_block=counters)
+    kernel(out, dout, lse, d, lse_log2, dq_accum, dq_ready, dq_counters if counters else None)
     torch.cuda.synchronize()
 
     expected = (out.double() * dout.double()).sum(-1).transpose(1, 2)
@@ -61,5 +71,11 @@ def test_preprocess_matches_torch(head_dim, dtype, seqlen):
     want = torch.where(lse == -math.inf, 0.0, lse * math.log2(math.e))
     assert torch.allclose(lse_log2[:, :, :seqlen], want, rtol=1e-6, atol=0)
     assert torch.all(lse_log2[:, :, seqlen:] == math.inf)
-    assert torch.all(dq_accum == 0)
+    if counters:
+        # The accumulator is left alone (the main kernel's first contributions store).
+        assert torch.all(dq_counters == 0)
+        assert torch.all(dq_accum.isnan())
+    else:
+        assert torch.all(dq_accum == 0)
+        assert torch.all(dq_counters == -7)
     assert torch.all(dq_ready == 0)

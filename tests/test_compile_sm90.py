@@ -83,6 +83,9 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     parts = config.consumer_warpgroups
     assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == parts
     assert "cp.reduce.async.bulk.tensor" not in ptx
+    # dq_first_stores: beside each reduction, the store of a part's first contribution.
+    first_stores = parts if config.dq_first_stores else 0
+    assert ptx.count("cp.async.bulk.global.shared::cta.bulk_group") == first_stores
     # Two values per store, a warpgroup's part over 128 threads, in the masked and the
     # mask-free loop.
     part = config.dq_tile_geometry
@@ -100,11 +103,12 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert reductions == (2 * config.tile_n * head_dim // (2 * 256) if grouped else 0)
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.tile" in ptx) != grouped
     # Not deterministic: in the loops the bulk copies are only waited for until shared
-    # memory is read. Once, after the last, the store warp waits for them to land and counts
-    # this key block for its head's postprocess (release), which this grid lets launch
-    # early (overlap_postprocess).
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1
-    assert ptx.count("red.release.gpu.global.add.s32") == 1
+    # memory is read, unless this CTA stored a part first (one full wait per block, then a
+    # release per part). Once, after the last, the store warp waits for them to land and
+    # counts this key block for its head's postprocess (release), which this grid lets
+    # launch early (overlap_postprocess).
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1 + (1 if first_stores else 0)
+    assert ptx.count("red.release.gpu.global.add.s32") == 1 + first_stores
     assert ptx.count("griddepcontrol.launch_dependents") == 1 and "griddepcontrol.wait" not in ptx
 
 
@@ -118,14 +122,50 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    report = compile_backward_report(backward_config(head_dim, True, grouped, deterministic=True))
+    config = backward_config(head_dim, True, grouped, deterministic=True)
+    report = compile_backward_report(config)
     assert report.serialized_wgmma == 0
     ptx = report.ptx
+    # The first in turn order stores (dq_first_stores): no tickets in deterministic mode.
+    assert "atom.global.add" not in ptx
+    assert ptx.count("cp.async.bulk.global.shared::cta.bulk_group") == (2 if config.dq_first_stores else 0)
     turns = 2 + (1 if grouped else 0)  # the masked and the mask-free loop, and the epilogue
     # Plus the store warp's count for the overlapping postprocess, after its last wait.
     assert ptx.count("red.release.gpu.global.add.s32") == turns + 1
     assert ptx.count("ld.acquire.gpu") == 2 * turns  # the first read, and the spin
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 2 + 1
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_dq_first_stores_take_tickets_before_the_handover(causal):
+    # Per query block the store warp takes a ticket per part (one atomic each, both before
+    # it waits for the first part), then per part spins (acquire) unless it holds the first
+    # ticket, stores or adds; after both, a full wait and the first stores' releases. Only
+    # causal (queries that see no key) has key block 0's store warp write zeros.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = dataclasses.replace(backward_config(128, causal), dq_first_stores=True)
+    ptx = compile_backward_report(config).ptx
+    parts = config.consumer_warpgroups
+    warp = ptx[ptx.index("atom.global.add.u32"):]
+    warp = warp[: warp.index("cp.async.bulk.wait_group.read")]
+    order = re.findall(
+        r"atom\.global\.add|bar\.sync\s+\d+, 160|ld\.acquire\.gpu|cp\.reduce\.async\.bulk|"
+        r"cp\.async\.bulk\.global|cp\.async\.bulk\.wait_group\s+0|red\.release",
+        warp,
+    )
+    order = [re.sub(r"\s+", " ", o) for o in order]
+    handover = [f"bar.sync {int(NamedBarrier.DQ_FULL_0) + p}, 160" for p in range(parts)]
+    per_part = ["ld.acquire.gpu", "ld.acquire.gpu", "cp.async.bulk.global", "cp.reduce.async.bulk"]
+    expected = ["atom.global.add"] * parts
+    for barrier in handover:
+        expected += [barrier, *per_part]
+    expected += ["cp.async.bulk.wait_group 0"] + ["red.release"] * parts
+    assert order == expected
+    assert ptx.count("st.global.v4") == (1 if causal else 0)
 
 
 def test_dq_rows_compiles_clean():
