@@ -100,17 +100,17 @@ def attention_backward(
     dq, dk, dv = grads
     # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
-    # dQ's counters, one per query block and part (each warpgroup writes its own): the turns
-    # of its additions (deterministic), or the tickets that pick each part's first store
-    # (dq_first_stores), which the preprocess zeroes. Deterministic GQA: a turn counter per
-    # (key block, kv head) for dK and dV.
+    # dQ's counters: the turns of its additions (deterministic), one per query block and
+    # part (each warpgroup writes its own); or (dq_first_stores alone) a ticket per query
+    # block that picks which key block stores first. With dq_first_stores the preprocess
+    # zeroes them. Deterministic GQA: a turn counter per (key block, kv head) for dK and dV.
     counters = dict(dtype=torch.int32, device=q.device)
-    parts = config.consumer_warpgroups
+    per_block = config.consumer_warpgroups if config.deterministic else 1
     dq_counters = kv_turns = None
     if config.dq_first_stores:
-        dq_counters = torch.empty(batch, heads, padded // config.tile_m * parts, **counters)
+        dq_counters = torch.empty(batch, heads, padded // config.tile_m * per_block, **counters)
     elif config.deterministic:
-        dq_counters = torch.zeros(batch, heads, padded // config.tile_m * parts, **counters)
+        dq_counters = torch.zeros(batch, heads, padded // config.tile_m * per_block, **counters)
     if config.deterministic and grouped:
         kv_turns = torch.zeros(batch, problem.kv_heads, -(-problem.seqlen_k // config.tile_n), **counters)
     # Each head's count of key blocks whose dQ has landed (zeroed by the preprocess), which
@@ -118,7 +118,7 @@ def attention_backward(
     dq_ready = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
     key_blocks = -(-problem.seqlen_k // config.tile_n)
     compiled_backward_preprocess(
-        problem.dtype, head_dim, config.tile_m, dq_counters_per_block=parts if config.dq_first_stores else 0
+        problem.dtype, head_dim, config.tile_m, dq_counters_per_block=per_block if config.dq_first_stores else 0
     )(out, dout, lse, delta, lse_log2, dq_accum, dq_ready, dq_counters if config.dq_first_stores else None)
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,

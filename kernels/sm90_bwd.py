@@ -109,8 +109,8 @@ class DQReduction:
 
     smem: cute.Tensor
     accum: cute.Tensor
-    # This head's counters, one per query block and part: deterministic, its turns; with
-    # dq_first_stores alone, its tickets (None otherwise).
+    # This head's counters: deterministic, its turns, one per query block and part; with
+    # dq_first_stores alone, its tickets, one per query block (None otherwise).
     counters: Optional[cute.Tensor]
 
 
@@ -224,7 +224,7 @@ class Sm90BackwardKernel:
         mdV: cute.Tensor,  # (batch, seqlen_k, kv_heads, head_dim); float32 if kv_accumulate
         # Deterministic: zeroed int32 turn counters of the fp32 additions, (batch, heads,
         # query blocks x parts) for dQ and (batch, kv_heads, key blocks) for kv_accumulate's
-        # dK, dV. dq_first_stores alone: dQ's ticket counters, of the same shape.
+        # dK, dV. dq_first_stores alone: dQ's ticket counters, (batch, heads, query blocks).
         mdQCounters: Optional[cute.Tensor],
         mdKVTurns: Optional[cute.Tensor],
         # overlap_postprocess: zeroed int32 (batch, heads), key blocks whose dQ has landed.
@@ -696,9 +696,8 @@ class Sm90BackwardKernel:
         (``dq_turn_rank``), each waiting until the one before has landed, not only been
         read: a turn counter per part reaches this block's rank when it may go.
 
-        dq_first_stores: the first contribution (rank 0, or ``ticket`` 0) stores instead of
-        adding, into an accumulator nobody zeroed; a later ticket adds once the counter
-        says that store has landed (``announce_dq_stores``)."""
+        dq_first_stores: the first contribution (rank 0, or the block's ``ticket`` 0, see
+        ``store_dq``) stores instead of adding, into an accumulator nobody zeroed."""
         parts = self.config.consumer_warpgroups
         counter = m_block * parts + part
         lane = cute.arch.lane_idx()
@@ -711,8 +710,6 @@ class Sm90BackwardKernel:
                 first = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal) == 0
         elif cutlass.const_expr(self.config.dq_first_stores):
             first = ticket == 0
-            if lane == 0 and not first:
-                wait_until_landed(dq_out.counters.iterator + counter)
         part_floats = self.tile_m * self.head_dim // parts
         if lane == 0:
             smem = dq_out.smem[None, None, part].iterator
@@ -732,35 +729,17 @@ class Sm90BackwardKernel:
                 pass_turn(dq_out.counters.iterator + counter)
 
     @cute.jit
-    def take_dq_tickets(self, dq_out: DQReduction, m_block: Int32) -> list:
-        """dq_first_stores, not deterministic: this CTA's ticket for each part of query
-        block ``m_block``, every lane holding lane 0's. Taken before the warpgroups hand the
-        parts over, so the atomics' round trip overlaps their GEMMs; nothing this warp waits
-        for lies between a ticket and its store (pipelines/global_semaphore.py)."""
-        parts = self.config.consumer_warpgroups
-        taken = []
-        for part in cutlass.range_constexpr(parts):
-            ticket = Int32(0)
-            if cute.arch.lane_idx() == 0:
-                ticket = take_ticket(dq_out.counters.iterator + m_block * parts + part)
-            taken.append(ticket)
-        # All atomics in flight before the first shuffle waits for one.
-        return [cute.arch.shuffle_sync(ticket, 0) for ticket in taken]
-
-    @cute.jit
-    def announce_dq_stores(self, dq_out: DQReduction, m_block: Int32, tickets: list):
-        """The first stores of this block's parts, once landed, let the later tickets add."""
-        parts = self.config.consumer_warpgroups
-        firsts = Int32(0)
-        for part in cutlass.range_constexpr(parts):
-            if tickets[part] == 0:
-                firsts += 1
-        if firsts > 0:
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            if cute.arch.lane_idx() == 0:
-                for part in cutlass.range_constexpr(parts):
-                    if tickets[part] == 0:
-                        announce_landed(dq_out.counters.iterator + m_block * parts + part)
+    def take_dq_ticket(self, dq_out: DQReduction, m_block: Int32) -> Int32:
+        """dq_first_stores, not deterministic: this CTA's ticket for query block
+        ``m_block``, every lane holding lane 0's. One ticket covers all parts, so the
+        first holder stores them all and waits for no other CTA between its ticket and its
+        stores (pipelines/global_semaphore.py); with a ticket per part, two CTAs each first
+        on one part could each wait for the other's. Taken before the warpgroups hand the
+        parts over, so the atomic's round trip overlaps their GEMMs."""
+        ticket = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            ticket = take_ticket(dq_out.counters.iterator + m_block)
+        return cute.arch.shuffle_sync(ticket, 0)
 
     @cute.jit
     def zero_unseen_dq(self, dq_out: DQReduction, m_blocks: Int32):
@@ -790,6 +769,7 @@ class Sm90BackwardKernel:
         them, so the last read is awaited only for shared memory to outlive it."""
         parts = self.config.consumer_warpgroups
         tickets_taken = self.config.dq_first_stores and not self.config.deterministic
+        lane = cute.arch.lane_idx()
         if cutlass.const_expr(self.config.dq_first_stores and self.causal):
             if n_block == 0:
                 self.zero_unseen_dq(dq_out, m_begin)
@@ -799,14 +779,21 @@ class Sm90BackwardKernel:
                     barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
                 )
         for m_block in cutlass.range(m_begin, m_end, unroll=1):
-            tickets = [None] * parts
+            ticket = None
             if cutlass.const_expr(tickets_taken):
-                tickets = self.take_dq_tickets(dq_out, m_block)
+                ticket = self.take_dq_ticket(dq_out, m_block)
             for part in cutlass.range_constexpr(parts):
                 cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
-                self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, tickets[part])
+                if cutlass.const_expr(tickets_taken and part == 0):
+                    # A later ticket adds once the first holder's stores have landed.
+                    if lane == 0 and ticket != 0:
+                        wait_until_landed(dq_out.counters.iterator + m_block)
+                self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket)
             if cutlass.const_expr(tickets_taken):
-                self.announce_dq_stores(dq_out, m_block, tickets)
+                if ticket == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    if lane == 0:
+                        announce_landed(dq_out.counters.iterator + m_block)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
             if m_block + 1 < m_end:
                 for part in cutlass.range_constexpr(parts):

@@ -51,14 +51,15 @@ def main() -> None:
             dq_accum = torch.empty(batch, heads, padded * head_dim, **f32)
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             ready = torch.zeros(batch, heads, dtype=torch.int32, device="cuda")
-            parts = config.consumer_warpgroups if config.dq_first_stores else 0
-            counters = torch.empty(batch, heads, padded // config.tile_m * parts, dtype=torch.int32, device="cuda")
-            counters = counters if parts else None
-            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m, dq_counters_per_block=parts)
+            # dq_first_stores: a ticket counter per query block, zeroed instead of the accumulator.
+            tickets = 1 if config.dq_first_stores else 0
+            counters = torch.empty(batch, heads, padded // config.tile_m * tickets, dtype=torch.int32, device="cuda")
+            counters = counters if tickets else None
+            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m, dq_counters_per_block=tickets)
             main_kernel = compiled_backward(config, "bfloat16")
             post = compiled_backward_postprocess("bfloat16", config.dq_tile_geometry)
             accum_bytes = dq_accum.numel() * FP32_BYTES
-            zeroed_bytes = 0 if parts else accum_bytes
+            zeroed_bytes = 0 if tickets else accum_bytes
             def main_alone() -> None:
                 if counters is not None:
                     # Tickets start at zero in every call (the preprocess's job): a memset

@@ -103,12 +103,12 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     assert reductions == (2 * config.tile_n * head_dim // (2 * 256) if grouped else 0)
     assert ("cp.async.bulk.tensor.4d.global.shared::cta.tile" in ptx) != grouped
     # Not deterministic: in the loops the bulk copies are only waited for until shared
-    # memory is read, unless this CTA stored a part first (one full wait per block, then a
-    # release per part). Once, after the last, the store warp waits for them to land and
+    # memory is read, unless this CTA stored the block first (one full wait, then a
+    # release of the block's ticket counter). Once, after the last, the store warp waits for them to land and
     # counts this key block for its head's postprocess (release), which this grid lets
     # launch early (overlap_postprocess).
     assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1 + (1 if first_stores else 0)
-    assert ptx.count("red.release.gpu.global.add.s32") == 1 + first_stores
+    assert ptx.count("red.release.gpu.global.add.s32") == 1 + (1 if first_stores else 0)
     assert ptx.count("griddepcontrol.launch_dependents") == 1 and "griddepcontrol.wait" not in ptx
 
 
@@ -138,10 +138,12 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
 
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_dq_first_stores_take_tickets_before_the_handover(causal):
-    # Per query block the store warp takes a ticket per part (one atomic each, both before
-    # it waits for the first part), then per part spins (acquire) unless it holds the first
-    # ticket, stores or adds; after both, a full wait and the first stores' releases. Only
-    # causal (queries that see no key) has key block 0's store warp write zeros.
+    # Per query block the store warp takes one ticket (an atomic, before it waits for the
+    # first part); unless it holds the first, it spins (acquire) once the first part is
+    # handed over; it stores or adds each part; the first holder then waits for its stores
+    # to land and releases. One ticket for all parts: with one per part, two CTAs each first
+    # on one part would each wait for the other. Only causal (queries that see no key) has
+    # key block 0's store warp write zeros.
     import dataclasses
 
     from flash4.backward import backward_config
@@ -159,11 +161,11 @@ def test_dq_first_stores_take_tickets_before_the_handover(causal):
     )
     order = [re.sub(r"\s+", " ", o) for o in order]
     handover = [f"bar.sync {int(NamedBarrier.DQ_FULL_0) + p}, 160" for p in range(parts)]
-    per_part = ["ld.acquire.gpu", "ld.acquire.gpu", "cp.async.bulk.global", "cp.reduce.async.bulk"]
-    expected = ["atom.global.add"] * parts
-    for barrier in handover:
-        expected += [barrier, *per_part]
-    expected += ["cp.async.bulk.wait_group 0"] + ["red.release"] * parts
+    expected = ["atom.global.add"]
+    for part, barrier in enumerate(handover):
+        expected += [barrier] + ["ld.acquire.gpu"] * (2 if part == 0 else 0)
+        expected += ["cp.async.bulk.global", "cp.reduce.async.bulk"]
+    expected += ["cp.async.bulk.wait_group 0", "red.release"]
     assert order == expected
     assert ptx.count("st.global.v4") == (1 if causal else 0)
 
