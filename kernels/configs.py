@@ -262,7 +262,11 @@ class Sm90BackwardConfig:
     # deterministic: the first in turn order), so the preprocess writes no zeros: 4 bytes
     # per dQ element, 128 MB at the protocol's 16k tokens, on the critical path at every
     # seqlen.
-    dq_first_stores: bool = False
+    dq_first_stores: bool = True
+    # Non-causal, not deterministic: each key block walks the query blocks from its own
+    # start (block n from n * query blocks // key blocks), wrapping around, so the key
+    # blocks of a head reach each query block at different steps, not all at once.
+    rotate_query_blocks: bool = True
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -159,6 +159,21 @@ def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, cau
     return m_begin, cute.ceil_div(seqlen_q, tile_m)
 
 
+def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
+    """The query block that key block ``n_block`` works on at ``step`` of its walk.
+
+    In order, the walk is its query blocks [m_begin, m_end), step == query block. Rotated
+    (``rotate_query_blocks``; non-causal, so m_begin == 0), key block n starts at query
+    block n * m_end // key_blocks and wraps around: the key blocks of a head run side by
+    side, and in order they would all reach a query block at once, so with
+    ``dq_first_stores`` all but one would wait for that one's store to land.
+    """
+    m_block = step
+    if rotate:
+        m_block = (step + n_block * m_end // key_blocks) % m_end
+    return m_block
+
+
 def masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
     """Query blocks in [m_begin, this) need a mask; the rest see every key of the block.
 
@@ -204,6 +219,9 @@ class Sm90BackwardKernel:
         self.dtype = dtype
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
+        # Causal key blocks start their walks apart already (each at its diagonal), and
+        # deterministic mode fixes the order of the additions.
+        self.rotate = config.rotate_query_blocks and not config.causal and not config.deterministic
         self.split = config.head_dim_split
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
@@ -443,7 +461,9 @@ class Sm90BackwardKernel:
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
-        for m_block in cutlass.range(m_begin, m_end, unroll=1):
+        key_blocks = cute.ceil_div(mK.shape[0], self.tile_n)
+        for step in cutlass.range(m_begin, m_end, unroll=1):
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
             q_ring.producer_acquire(q_state)
             self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
                            q_ring, q_state)
@@ -489,14 +509,17 @@ class Sm90BackwardKernel:
         masked_end = masked_block_end(
             block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
         )
-        for m_block in cutlass.range(m_begin, masked_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, scale_log2, tidx,
-                      True)
+        key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
+        for step in cutlass.range(m_begin, masked_end, unroll=1):
+            m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
+                      scale_log2, tidx, True)
             q_state.advance()
             do_state.advance()
-        for m_block in cutlass.range(masked_end, m_end, unroll=1):
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, scale_log2, tidx,
-                      False)
+        for step in cutlass.range(masked_end, m_end, unroll=1):
+            m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
+            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
+                      scale_log2, tidx, False)
             q_state.advance()
             do_state.advance()
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
@@ -564,14 +587,16 @@ class Sm90BackwardKernel:
         sdQ: cute.Tensor,
         block: KeyBlock,
         m_block: Int32,
+        ds_stage: Int32,
         scale_log2: Float32,
         tidx: Int32,
         masked: cutlass.Constexpr[bool],
     ):
-        """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs."""
+        """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
+        ``ds_stage``: the dSᵀ buffer, taking turns by step (not by query block, which a
+        rotated walk wraps)."""
         c = acc_rows_cols(ops.st_coords)
         columns = cute.size(c, mode=[1])
-        ds_stage = m_block % self.ds_stages
         q_ring.consumer_wait(q_state)
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
@@ -778,7 +803,9 @@ class Sm90BackwardKernel:
                 cute.arch.barrier_arrive(
                     barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
                 )
-        for m_block in cutlass.range(m_begin, m_end, unroll=1):
+        key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
+        for step in cutlass.range(m_begin, m_end, unroll=1):
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
             ticket = None
             if cutlass.const_expr(tickets_taken):
                 ticket = self.take_dq_ticket(dq_out, m_block)
@@ -795,7 +822,7 @@ class Sm90BackwardKernel:
                     if lane == 0:
                         announce_landed(dq_out.counters.iterator + m_block)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if m_block + 1 < m_end:
+            if step + 1 < m_end:
                 for part in cutlass.range_constexpr(parts):
                     cute.arch.barrier_arrive(
                         barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.sm90_bwd import dq_turn_rank, masked_block_end, query_block_range
+from flash4.kernels.sm90_bwd import dq_turn_rank, masked_block_end, query_block_at, query_block_range
 
 
 
@@ -71,3 +71,24 @@ def test_deterministic_dq_turns_are_a_launch_ordered_permutation(tile_m, tile_n,
                 assert launch.index(before) < launch.index(after), (seqlen_q, seqlen_k, m_block, rank)
                 if causal:
                     assert before_step <= after_step, (seqlen_q, seqlen_k, m_block, rank)
+
+
+@pytest.mark.parametrize("tile_m,tile_n", ((64, 128), (128, 128), (64, 64)))
+def test_rotated_walks_visit_every_query_block_once_and_start_apart(tile_m, tile_n):
+    # Non-causal: each key block's rotated walk is a permutation of its query blocks (else a
+    # query block misses its dQ, or gets it twice), and the key blocks of a head start at
+    # different query blocks whenever there are no more key blocks than query blocks.
+    # Without rotation the walk is the query blocks in order.
+    for seqlen_q, seqlen_k in cases():
+        key_blocks = -(-seqlen_k // tile_n)
+        starts = []
+        for n_block in range(key_blocks):
+            m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, tile_m, tile_n, False)
+            walk = [query_block_at(step, n_block, m_end, key_blocks, True) for step in range(m_begin, m_end)]
+            assert sorted(walk) == list(range(m_begin, m_end)), (seqlen_q, seqlen_k, n_block, walk)
+            assert [query_block_at(step, n_block, m_end, key_blocks, False) for step in range(m_begin, m_end)] == list(
+                range(m_begin, m_end)
+            )
+            starts.append(walk[0])
+        if key_blocks <= -(-seqlen_q // tile_m):
+            assert len(set(starts)) == key_blocks, (seqlen_q, seqlen_k, starts)
