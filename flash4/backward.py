@@ -1,8 +1,8 @@
 """The Hopper backward pass, host side: buffers, the three launches, and the dQ conversion.
 ``flash_attn_func``'s autograd Function (flash4/autograd.py) calls it.
 
-    preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ accumulator = 0
-    main        dK, dV per key block; dQ added into the fp32 accumulator
+    preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ's ticket counters = 0
+    main        dK, dV per key block; dQ stored (first) or added into the fp32 accumulator
     postprocess dQ = accumulator · softmax_scale, in the input dtype
 """
 

@@ -13,7 +13,8 @@ two consumer warpgroups own 64 keys each and compute everything transposed, keys
     dV += Pᵀ dO                (RS: Pᵀ straight from registers as the A operand)
     dK += dSᵀ Q                (RS)
     dQ  = dS K                 (SS: dSᵀ goes to shared memory, read transposed)
-    dQ_accum[query block] += dQ (fp32, one linear bulk reduction per part from shared memory)
+    dQ_accum[query block] += dQ (fp32, one linear bulk reduction per part from shared memory;
+                                the block's first contribution stores: dq_first_stores)
 
 Keeping keys as rows is what lets P and dS feed the dV and dK GEMMs from registers: each
 warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all 128 keys of

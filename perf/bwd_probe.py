@@ -2,7 +2,8 @@
 
     python perf/bwd_probe.py [--hdim 128] [--seqlen-q 200] [--seqlen-k 300] [--causal] [--kv-heads 1]
 
-Prints, for the preprocess outputs (D, lse_log2, the zeroed dQ accumulator) and for dq, dk,
+Prints, for the preprocess outputs (D, lse_log2, and the dQ accumulator zeroed, as the
+preprocess does for kernels without dq_first_stores) and for dq, dk,
 dv, the largest error against flash4.reference (the exact gradients and the kernels'
 blockwise model) and where it sits (batch, row, head, column), so a wrong stage and the
 rows or columns it gets wrong show at a glance. A development tool; the tests decide.

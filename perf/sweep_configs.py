@@ -142,6 +142,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # the mask-free loop; flash-attn-4's SASS keeps them ahead, and ncu at 16k,
 # -ncu-bwd-d128-full-16k.json, has flash4 at 14.2M cycles to its 13.4M). Full 475/561/595
 # -> 448/553/573, causal 352/507/588 -> 347/496/572 at 1k/4k/16k. At 64 it spills.
+# Taken (2026-11-30, two rounds; -bwd-sweep-first-stores.json, -bwd-sweep-rotate.json): dQ's
+# first contribution per query block stored, not added (dq_first_stores; the preprocess
+# no longer zeroes 128 MB), with the key blocks' walks rotated unmasked
+# (rotate_query_blocks). 512 full 326/370/292 -> 342/403/314 at head dims 64/128/256,
+# causal 208/239/201 -> 218/264/228, causal 1k +3-6%. First stores without the rotation
+# lost 4-7% unmasked at 16k (d128 586 -> 545, all key blocks reaching a query block at
+# once and waiting for its first store); rotated, 4k and 16k are within the spread.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
