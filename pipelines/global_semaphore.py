@@ -21,8 +21,10 @@ Tickets decide which CTA writes an accumulator tile first, so that it needs no z
     announce_landed(counter)     the first, once its store has landed: add LANDED (release)
     wait_until_landed(counter)   any later one, before it adds: spin until counter >= LANDED
 
-A CTA takes its ticket when it is about to write (nothing it still waits for comes before
-that write), so the first holder's store never waits on another CTA: no cycle.
+A CTA takes one ticket per tile, for everything it writes there, when it is about to
+write: between its ticket and its release the first holder waits for no other CTA, so no
+cycle. (With a ticket per part of a tile, two CTAs each first on one part each waited for
+the other's release: the backward hung on the H200.)
 """
 
 from __future__ import annotations
