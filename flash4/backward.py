@@ -49,7 +49,7 @@ def backward_config(
 
 def dq_accumulator(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """dQ's fp32 accumulator, left as allocated: the preprocess zeroes it, or the main
-    kernel's first contribution to each part stores (``dq_first_stores``). The GPU tests
+    kernel's first contribution to each query block stores (``dq_first_stores``). The GPU tests
     replace this function with one that fills it with NaN, so that a part nobody wrote
     shows."""
     return torch.empty(shape, dtype=torch.float32, device=device)

@@ -254,7 +254,7 @@ def _backward_arguments(
     lse_log2, d = (_fake_tensor(cutlass.Float32, (batch, heads, padded), TMA_ALIGN_BYTES) for _ in range(2))
     dq_accum = _fake_tensor(cutlass.Float32, (batch, heads, padded, head_dim), TMA_ALIGN_BYTES)
     # Deterministic: int32 turn counters per (query block, head) and (key block, kv head);
-    # dq_first_stores: dQ's counters (turns or tickets) per (query block and part, head).
+    # dq_first_stores alone: dQ's tickets, one per (query block, head).
     m_blocks, n_blocks = cute.sym_int(), cute.sym_int()
     dq_counters = _fake_tensor(cutlass.Int32, (batch, heads, m_blocks), TURNS_ALIGN_BYTES) if dq_counters else None
     kv_turns = (

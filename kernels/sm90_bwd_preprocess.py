@@ -6,10 +6,11 @@ recomputing it in every key block.
     dq_accum[b, h]    = 0                                          (fp32, padded rows)
     dq_ready[b, h]    = 0                     (int32: key blocks whose dQ has landed)
 
-or, when the main kernel's first contribution to each part of dQ stores instead of adding
-(``dq_first_stores``), no zeros in the accumulator but in that part's counter:
+or, when the main kernel's first contribution to each query block of dQ stores instead of
+adding (``dq_first_stores``), no zeros in the accumulator but in the block's ``n`` counters
+(its ticket; deterministic, a turn per part):
 
-    dq_counters[b, h, block * parts + part] = 0
+    dq_counters[b, h, block * n + i] = 0      (i < n)
 
 dS = P ∘ (dP − D) needs D = rowsum(P ∘ dP), which equals rowsum(dO ∘ O) because O = P V:
 one dot product per row here instead of a full row of dP in the main kernel. The main
