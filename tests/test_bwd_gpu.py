@@ -76,6 +76,37 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
+@pytest.mark.parametrize(
+    "change",
+    (dict(dq_first_stores=False), dict(rotate_query_blocks=False)),
+    ids=("accumulator-zeroed", "walks-in-order"),
+)
+def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, change):
+    # The selector's kernels store dQ's first contributions and rotate unmasked walks; the
+    # variants a sweep compares them with (the preprocess zeroing the accumulator, or the
+    # walks in order) must stay right too.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    dtype = torch.bfloat16
+    q = torch.randn(2, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    config = dataclasses.replace(backward_config(head_dim, causal), **change)
+    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
+    torch.cuda.synchronize()
+
+    _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 4), (8, 2)), ids=("mha", "gqa"))
 def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_heads):
     # Many key blocks add into each query block's dQ (1000 keys), and under GQA four query
