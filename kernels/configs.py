@@ -265,7 +265,7 @@ class Sm90BackwardConfig:
     # 64/128/256, causal 208/239/201 -> 218/264/228; causal 1k +3-6%).
     dq_first_stores: bool = True
     # Non-causal, not deterministic: each key block walks the query blocks from its own
-    # start (block n from n * query blocks // key blocks), wrapping around, so the key
+    # start (block n from n * (query blocks // key blocks)), wrapping around, so the key
     # blocks of a head reach each query block at different steps, not all at once: first
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.

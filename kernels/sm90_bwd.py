@@ -165,13 +165,15 @@ def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
 
     In order, the walk is its query blocks [m_begin, m_end), step == query block. Rotated
     (``rotate_query_blocks``; non-causal, so m_begin == 0), key block n starts at query
-    block n * m_end // key_blocks and wraps around: the key blocks of a head run side by
-    side, and in order they would all reach a query block at once, so with
-    ``dq_first_stores`` all but one would wait for that one's store to land.
+    block n * (m_end // key_blocks), or n mod m_end when there are fewer query blocks than
+    key blocks, and wraps around: the key blocks of a head run side by side, and in order
+    they would all reach a query block at once, so with ``dq_first_stores`` all but one
+    would wait for that one's store to land. (The start's product stays below
+    max(m_end, key_blocks): no 32-bit overflow at any length.)
     """
     m_block = step
     if rotate:
-        m_block = (step + n_block * m_end // key_blocks) % m_end
+        m_block = (step + n_block * cutlass.max(m_end // key_blocks, 1) % m_end) % m_end
     return m_block
 
 

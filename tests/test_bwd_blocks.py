@@ -92,3 +92,12 @@ def test_rotated_walks_visit_every_query_block_once_and_start_apart(tile_m, tile
             starts.append(walk[0])
         if key_blocks <= -(-seqlen_q // tile_m):
             assert len(set(starts)) == key_blocks, (seqlen_q, seqlen_k, starts)
+
+
+def test_rotated_walk_start_fits_32_bits_at_any_length():
+    # The start's product n * max(M // N, 1) stays below max(M, N), so the kernel's Int32
+    # arithmetic holds up to 2^31 query or key blocks (2^37 tokens at 64-row blocks).
+    for m_end, key_blocks in ((1 << 20, 3), (3, 1 << 20), (1 << 25, 1 << 25), (65536, 32768), (7, 7)):
+        n_block = key_blocks - 1
+        assert n_block * max(m_end // key_blocks, 1) < max(m_end, key_blocks)
+        assert 0 <= query_block_at(m_end - 1, n_block, m_end, key_blocks, True) < m_end
