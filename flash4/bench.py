@@ -83,7 +83,8 @@ FP8_WRONG_RMS_RELATIVE = 0.15
 
 @dataclass(frozen=True)
 class Shape:
-    """One protocol shape; q, k and v are (batch, seqlen, heads, head_dim)."""
+    """One protocol shape; q is (batch, seqlen, heads, head_dim), k and v the same with
+    ``heads // group`` heads (GQA/MQA when ``group`` > 1)."""
 
     batch: int
     seqlen: int
@@ -92,6 +93,16 @@ class Shape:
     causal: bool
     # One of PASSES: the forward, the backward (dq, dk, dv from dout), the FP8 forward.
     pass_: str = "fwd"
+    # Query heads per kv head: 1 is multi-head attention.
+    group: int = 1
+
+    def __post_init__(self) -> None:
+        if self.group < 1 or self.heads % self.group:
+            raise ValueError(f"group={self.group}: must be a positive divisor of heads={self.heads}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads // self.group
 
     @property
     def backward(self) -> bool:
@@ -103,8 +114,9 @@ class Shape:
         return flops * BACKWARD_FLOPS_NUM // BACKWARD_FLOPS_DEN if self.backward else flops
 
     def label(self) -> str:
+        heads = f"h{self.heads:<3d} " if self.group == 1 else f"h{self.heads}/{self.kv_heads:<3d} "
         return f"{self.pass_} hdim {self.head_dim:3d}  seqlen {self.seqlen:5d}  " \
-               f"b{self.batch:<3d} h{self.heads:<3d} " + ("causal" if self.causal else "full  ")
+               f"b{self.batch:<3d} {heads}" + ("causal" if self.causal else "full  ")
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> int:
@@ -121,11 +133,14 @@ def protocol_shapes(
     seqlens: Sequence[int] = SEQLENS,
     causal_modes: Sequence[bool] = (False, True),
     passes: Sequence[str] = ("fwd",),
+    group: int = 1,
 ) -> tuple[Shape, ...]:
-    """The protocol's shapes, pass then head dim outermost; batch is at least one sequence."""
+    """The protocol's shapes, pass then head dim outermost; batch is at least one sequence.
+    ``group``: query heads per kv head, the same at every head dim (it must divide the
+    protocol's HIDDEN // head_dim heads)."""
     return tuple(
         Shape(batch=max(1, TOKENS // seqlen), seqlen=seqlen, heads=HIDDEN // head_dim, head_dim=head_dim,
-              causal=causal, pass_=pass_)
+              causal=causal, pass_=pass_, group=group)
         for pass_ in passes
         for head_dim in head_dims
         for causal in causal_modes
@@ -144,12 +159,14 @@ class Options:
     peers: tuple[str, ...] = PEERS
     # Timings per provider, interleaved (see measure_shape).
     rounds: int = 1
+    # Query heads per kv head (GQA/MQA); 1: multi-head attention, the protocol's.
+    group: int = 1
     out: Path | None = None
     command: str = ""
 
     def shapes(self) -> tuple[Shape, ...]:
         seqlens = self.seqlens or (QUICK_SEQLENS if self.quick else SEQLENS)
-        return protocol_shapes(self.head_dims, seqlens, self.causal_modes, self.passes)
+        return protocol_shapes(self.head_dims, seqlens, self.causal_modes, self.passes, self.group)
 
 
 # --- timing -------------------------------------------------------------------------------
@@ -348,12 +365,13 @@ def _sdpa(backend_name: str) -> Callable[..., Prepared]:
         # SDPA wants (b, h, s, d); transposed views cost nothing and keep the same storage.
         # Its is_causal is aligned top-left, flash4's bottom-right: equal here, as s_q == s_k.
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        gqa = k.shape[2] != q.shape[2]
 
         # The backend is chosen inside the timed call, as a user would: its host cost (a few
         # microseconds) is hidden behind the timer's L2 flush on the GPU, like flash4's own.
         def run() -> torch.Tensor:
             with sdpa_kernel(backend):
-                return scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+                return scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=gqa)
 
         return run, (lambda out: out.transpose(1, 2))
 
@@ -369,7 +387,8 @@ def _sdpa_backward(backend_name: str) -> Callable[..., Prepared]:
             # The backward runs on the backend of the forward that built the graph.
             with sdpa_kernel(getattr(SDPBackend, backend_name)):
                 return scaled_dot_product_attention(
-                    *(x.transpose(1, 2) for x in (q_, k_, v_)), is_causal=causal, scale=scale
+                    *(x.transpose(1, 2) for x in (q_, k_, v_)), is_causal=causal, scale=scale,
+                    enable_gqa=k_.shape[2] != q_.shape[2],
                 )
 
         return autograd_backward(forward, q, k, v, layout=lambda x: x.transpose(1, 2))
@@ -478,8 +497,9 @@ def measure_shape(
     """
     if providers is None:
         providers = PASS_PROVIDERS[shape.pass_]
-    shape_qkv = (shape.batch, shape.seqlen, shape.heads, shape.head_dim)
-    q, k, v = (torch.randn(shape_qkv, dtype=DTYPE, device=device) for _ in range(3))
+    q = torch.randn((shape.batch, shape.seqlen, shape.heads, shape.head_dim), dtype=DTYPE, device=device)
+    k, v = (torch.randn((shape.batch, shape.seqlen, shape.kv_heads, shape.head_dim), dtype=DTYPE, device=device)
+            for _ in range(2))
     scale = 1.0 / math.sqrt(shape.head_dim)
     errors: dict[str, str] = {}
     runs: dict[str, Callable[[], Any]] = {}

@@ -44,14 +44,21 @@ def bench(args: argparse.Namespace, command: str) -> int:
         return compare(*args.compare)
     from flash4 import bench as bench_module  # imports torch; keep `info --arch` light
 
+    head_dims = tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS
+    for head_dim in head_dims:
+        heads = bench_module.HIDDEN // head_dim
+        if heads % args.group:
+            print(f"--group {args.group}: must divide the {heads} query heads of head dim {head_dim}")
+            return 2
     options = bench_module.Options(
-        head_dims=tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS,
+        head_dims=head_dims,
         seqlens=tuple(args.seqlen) if args.seqlen else None,
         causal_modes=_CAUSAL_MODES[args.causal],
         quick=args.quick,
         passes=tuple(args.passes),
         peers=tuple(args.peers),
         rounds=args.rounds,
+        group=args.group,
         out=args.out,
         command=command,
     )
@@ -124,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--peers", nargs="+", choices=("sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8"),
                               default=["sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8"],
                               help="the peers timed beside flash4 (default: all four; cudnn-fp8 in the fp8 pass)")
+    bench_parser.add_argument("--group", type=_positive_int, default=1,
+                              help="query heads per kv head (GQA/MQA; default 1, multi-head); it must divide "
+                                   "every head dim's heads (2048 // head dim)")
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")

@@ -82,6 +82,9 @@ def report_markdown(payload: dict[str, Any]) -> str:
         f"{payload.get('rounds', 1)} round(s) per provider. TFLOP/s; the backward counts 2.5x the forward's FLOPs."
         + (f" Wall time of the run: {payload['wall_s']:.0f} s." if payload.get("wall_s") is not None else ""),
     ]
+    groups = sorted({r["shape"].get("group", 1) for r in records})
+    if groups != [1]:
+        lines.append(f"Grouped-query attention: {' / '.join(map(str, groups))} query heads per kv head.")
     machine = payload.get("machine")
     if machine:
         lines.append(f"GPU state before: {_state(machine.get('before'))}; after: {_state(machine.get('after'))}.")

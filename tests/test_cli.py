@@ -85,6 +85,26 @@ def test_bench_options_restrict_the_sweep() -> None:
         cli.build_parser().parse_args(["bench", "--seqlen", "0"])
 
 
+def test_grouped_query_shapes() -> None:
+    """--group G: k and v get heads // G heads at every head dim; a G that does not divide
+    some head dim's heads is refused before anything runs."""
+    shapes = bench.Options(head_dims=(64, 128, 256), seqlens=(1024,), group=8).shapes()
+    assert [(s.heads, s.kv_heads) for s in shapes if not s.causal] == [(32, 4), (16, 2), (8, 1)]
+    assert "h16/2" in bench.Shape(batch=1, seqlen=64, heads=16, head_dim=128, causal=False, group=8).label()
+    with pytest.raises(ValueError, match="group=3"):
+        bench.Shape(batch=1, seqlen=64, heads=16, head_dim=128, causal=False, group=3)
+    assert cli.main(["bench", "--hdim", "128", "--group", "32"]) == 2
+    seen: list[tuple[int, ...]] = []
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+        seen.append((q.shape[2], k.shape[2], v.shape[2]))
+        return _sdpa_math(q, k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2), causal, scale)
+
+    shape = bench.Shape(batch=1, seqlen=32, heads=4, head_dim=32, causal=False, group=2)
+    bench.measure_shape(shape, bench.Timer("fake", lambda fn: 1.0), providers={"flash4": recording}, device="cpu")
+    assert seen == [(4, 2, 2)]
+
+
 def _sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
     qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
     return (lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale),
