@@ -196,46 +196,24 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
-def accumulator_register_offset(row, col):
-    """Where (row, col) of a warpgroup's m64nN wgmma accumulator sits when every thread
-    stores its registers in order, four (16 bytes) at a time: register i of thread t at
-    (i // 4) * 512 + 4 t + i % 4. Lane l of warp w holds rows 16w + l // 4 and + 8 and the
-    column pairs 8j + 2 (l % 4): registers 4j .. 4j + 3 are (row, col), (row, col + 1),
-    (row + 8, col), (row + 8, col + 1). Python ints, Int32 or integer torch tensors."""
-    thread = 32 * (row // 16) + 4 * (row % 8) + (col % 8) // 2
-    return (col // 8) * (4 * THREADS_PER_WARPGROUP) + 4 * thread + 2 * ((row % 16) // 8) + col % 2
-
-
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
     ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
     stored one after another (row-major over the grid of parts), each part in
-    ``kernels.wgmma.accumulator_tile_layout``, or (``register_order``) as its warpgroup's
-    threads hold it (``accumulator_register_offset``). The main kernel writes it, the
-    postprocess reads it."""
+    ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
+    reads it."""
 
     head_dim: int
     tile_m: int
     part_rows: int
     part_cols: int
-    register_order: bool = False
-
-    def __post_init__(self) -> None:
-        if self.register_order and self.part_rows != ROWS_PER_CONSUMER_WARPGROUP:
-            raise ValueError(
-                f"register_order=True: a part is one warpgroup's {ROWS_PER_CONSUMER_WARPGROUP}-row accumulator; "
-                f"got part_rows={self.part_rows}"
-            )
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
         block, row_in_block = row // self.tile_m, row % self.tile_m
         part = (row_in_block // self.part_rows) * (self.head_dim // self.part_cols) + col // self.part_cols
-        if self.register_order:
-            inside = accumulator_register_offset(row_in_block % self.part_rows, col % self.part_cols)
-        else:
-            inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
+        inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
         return block * (self.tile_m * self.head_dim) + part * (self.part_rows * self.part_cols) + inside
 
 
@@ -292,12 +270,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # Each warpgroup's dQ leaves its registers in their own order, 16 bytes a thread per
-    # store (DQTileGeometry.register_order), and the postprocess puts the values in place;
-    # in accumulator_tile_layout it takes twice the 8-byte stores and their swizzled
-    # addresses (ncu at head dim 128, 16k: 67M shared-memory stores to flash-attn-4's 34M,
-    # which stores this way).
-    dq_register_order: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -307,10 +279,9 @@ class Sm90BackwardConfig:
     def dq_tile_geometry(self) -> DQTileGeometry:
         """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows."""
         wgs = self.consumer_warpgroups
-        order = self.dq_register_order
         if self.dq_rows:
-            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim, order)
-        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs, order)
+            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
+        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
 
     @property
     def row_stage_bytes(self) -> int:

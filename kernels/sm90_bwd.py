@@ -146,7 +146,6 @@ class BackwardOperands:
     sP: Optional[cute.Tensor]
     store_dq: Any
     warpgroup_idx: Int32
-    thread_in_warpgroup: Int32
 
 
 def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
@@ -297,13 +296,6 @@ class Sm90BackwardKernel:
         # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
         dq = self.config.dq_tile_geometry
         sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
-        if cutlass.const_expr(dq.register_order):
-            part_floats = dq.part_rows * dq.part_cols
-            # A plain linear tile (a swizzle of no bits), in the same composed form.
-            sdQ_layout = cute.make_composed_layout(
-                cute.make_swizzle(0, 4, 3), 0,
-                cute.make_layout((dq.part_rows, dq.part_cols, wgs), stride=(dq.part_cols, 1, part_floats)),
-            )
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -584,7 +576,6 @@ class Sm90BackwardKernel:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
-            thread_in_warpgroup=tidx % THREADS_PER_WARPGROUP,
         )
 
     @cute.jit
@@ -703,28 +694,14 @@ class Sm90BackwardKernel:
         cute.arch.barrier(
             barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
         )
-        if cutlass.const_expr(self.config.dq_register_order):
-            # Register i of thread t at (i // 4) * 512 + 4 t + i % 4 of its part: a warp's
-            # 16-byte stores fill 512 contiguous bytes, every bank four times, the fewest
-            # wavefronts a store can take.
-            part = sdQ[None, None, ops.warpgroup_idx]
-            part = cute.make_tensor(part.iterator, cute.make_layout(cute.size(part)))
-            store = cute.make_tiled_copy_tv(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
-                cute.make_layout(THREADS_PER_WARPGROUP),
-                cute.make_layout(FP32_PER_VECTOR),
-            ).get_slice(ops.thread_in_warpgroup)
-            slots = store.partition_D(part)
-            cute.copy(store, cute.make_tensor(acc_dq.iterator, cute.make_layout(slots.shape)), slots)
-        else:
-            tile = cute.group_modes(sdQ, 1, 3)
-            if cutlass.const_expr(self.config.dq_rows):
-                # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
-                rows, parts = self.tile_m // self.config.consumer_warpgroups, self.config.consumer_warpgroups
-                tile = cute.composition(
-                    sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
-                )
-            cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
+        tile = cute.group_modes(sdQ, 1, 3)
+        if cutlass.const_expr(self.config.dq_rows):
+            # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
+            rows, parts = self.tile_m // self.config.consumer_warpgroups, self.config.consumer_warpgroups
+            tile = cute.composition(
+                sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
+            )
+        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit
     def publish_dq(self, ops: BackwardOperands):

@@ -13,9 +13,6 @@ nearest even, as torch's ``mul(..., out=dq)`` rounds it: the same bits.
 
 One CTA per (block of rows, head, batch); consecutive threads take consecutive 16 bytes of
 a row, so the stores are coalesced and the loads read whole 16-byte units of one tile.
-With the geometry's ``register_order`` the CTA's rows are one contiguous run of the
-accumulator, and consecutive threads take its consecutive 16 bytes: four registers of one
-main-kernel thread, rows r and r + 8 at two adjacent columns, stored as 4 bytes per row.
 
 With ``overlap`` the postprocess is a programmatic dependent of the main kernel: it may
 start once every CTA of the main grid has, on the SMs that grid's last wave leaves idle.
@@ -33,9 +30,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.global_semaphore import wait_for_turn
-from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP
+from ..pipelines.warp_roles import THREADS_PER_WARP
 from .configs import DQTileGeometry
-from .memory_pass import FP32_PER_VECTOR, load_batches, row_vector
+from .memory_pass import load_batches, row_vector
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
@@ -56,8 +53,6 @@ class Sm90BackwardPostprocess:
         self.vector = row_vector(Float32.width, self.head_dim)
         self.vectors_per_row = self.head_dim // self.vector
         self.turns = -(-BLOCK_ROWS * self.vectors_per_row // THREADS)
-        if geometry.register_order and geometry.part_rows != BLOCK_ROWS:
-            raise ValueError(f"register_order: a CTA's {BLOCK_ROWS} rows must be one part's rows")
 
     @cute.jit
     def __call__(
@@ -97,53 +92,6 @@ class Sm90BackwardPostprocess:
         end_row = first_row + BLOCK_ROWS
         if mdQ.shape[0] < end_row:
             end_row = mdQ.shape[0]
-        if cutlass.const_expr(self.geometry.register_order):
-            self.registers_to_rows(mAccum, mdQ, head, batch, first_row, end_row, softmax_scale, tidx)
-        else:
-            self.rows_to_rows(mAccum, mdQ, head, batch, first_row, end_row, softmax_scale, tidx)
-        if cutlass.const_expr(self.overlap):
-            # Stream order after this grid must also cover the main kernel (its dK and dV),
-            # which the waits above do not: the last CTA waits for the main grid to finish.
-            grid = cute.arch.grid_dim()
-            if m_block == grid[0] - 1 and head == grid[1] - 1 and batch == grid[2] - 1:
-                cute.arch.griddepcontrol_wait()
-
-    @cute.jit
-    def registers_to_rows(self, mAccum: cute.Tensor, mdQ: cute.Tensor, head: Int32, batch: Int32, first_row: Int32,
-                          end_row: Int32, softmax_scale: Float32, tidx: Int32):
-        """``accumulator_register_offset``'s order: this CTA's rows are the accumulator's
-        floats [first_row * head_dim, + BLOCK_ROWS * head_dim), part after part."""
-        part_units = self.geometry.part_rows * self.geometry.part_cols // FP32_PER_VECTOR
-        run = cute.local_tile(mAccum[batch, head, None], (BLOCK_ROWS * self.head_dim,), (first_row // BLOCK_ROWS,))
-        for turns in load_batches(self.turns):
-            accums = [cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), Float32) for _ in turns]
-            for accum, turn in zip(accums, turns):
-                unit = turn * THREADS + tidx
-                thread = unit % THREADS_PER_WARPGROUP
-                if first_row + 16 * (thread // 32) + (thread % 32) // 4 < end_row:
-                    cute.autovec_copy(cute.local_tile(run, (FP32_PER_VECTOR,), (unit,)), accum)
-            for accum, turn in zip(accums, turns):
-                unit = turn * THREADS + tidx
-                part, inside = unit // part_units, unit % part_units
-                thread = inside % THREADS_PER_WARPGROUP
-                row = first_row + 16 * (thread // 32) + (thread % 32) // 4
-                col = part * self.geometry.part_cols + 8 * (inside // THREADS_PER_WARPGROUP) + 2 * (thread % 4)
-                scaled = cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), Float32)
-                scaled.store(accum.load() * softmax_scale)
-                dq = cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), self.dtype)
-                convert_packed(scaled, dq)
-                # Registers 0, 1: (row, col), (row, col + 1); 2, 3: the same of row + 8.
-                for half in cutlass.range_constexpr(2):
-                    if row + 8 * half < end_row:
-                        cute.autovec_copy(
-                            cute.local_tile(dq, (2,), (half,)),
-                            cute.local_tile(mdQ[row + 8 * half, None, head, batch], (2,), (col // 2,)),
-                        )
-
-    @cute.jit
-    def rows_to_rows(self, mAccum: cute.Tensor, mdQ: cute.Tensor, head: Int32, batch: Int32, first_row: Int32,
-                     end_row: Int32, softmax_scale: Float32, tidx: Int32):
-        """``accumulator_tile_layout``'s order: 16 bytes of one row per load."""
         for turns in load_batches(self.turns):
             accums = [cute.make_rmem_tensor(cute.make_layout(self.vector), Float32) for _ in turns]
             for accum, turn in zip(accums, turns):
@@ -163,3 +111,9 @@ class Sm90BackwardPostprocess:
                     dq = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
                     convert_packed(scaled, dq)
                     cute.autovec_copy(dq, cute.local_tile(mdQ[row, None, head, batch], (self.vector,), (column,)))
+        if cutlass.const_expr(self.overlap):
+            # Stream order after this grid must also cover the main kernel (its dK and dV),
+            # which the waits above do not: the last CTA waits for the main grid to finish.
+            grid = cute.arch.grid_dim()
+            if m_block == grid[0] - 1 and head == grid[1] - 1 and batch == grid[2] - 1:
+                cute.arch.griddepcontrol_wait()

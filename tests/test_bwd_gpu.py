@@ -7,7 +7,6 @@ the input dtype. Gradients are poisoned with NaN before the launch; inputs are f
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -80,13 +79,15 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
 @pytest.mark.parametrize(
     "change",
-    (dict(dq_first_stores=False), dict(rotate_query_blocks=False), dict(dq_register_order=True)),
-    ids=("accumulator-zeroed", "walks-in-order", "dq-register-order"),
+    (dict(dq_first_stores=False), dict(rotate_query_blocks=False)),
+    ids=("accumulator-zeroed", "walks-in-order"),
 )
 def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, change):
     # The selector's kernels store dQ's first contributions and rotate unmasked walks; the
-    # variants a sweep compares them with (the preprocess zeroing the accumulator, the
-    # walks in order, dQ stored in register order) must stay right too.
+    # variants a sweep compares them with (the preprocess zeroing the accumulator, or the
+    # walks in order) must stay right too.
+    import dataclasses
+
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
@@ -139,8 +140,7 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen", (1, 17, 1000))
 @pytest.mark.parametrize("overlap", (False, True), ids=("alone", "overlap"))
-@pytest.mark.parametrize("register_order", (False, True), ids=("tile-order", "register-order"))
-def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap, register_order):
+def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap):
     # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py), which holds each
     # query block as the main kernel's tile geometry says: every value read from its
     # place, the product with the softmax scale rounded once to nearest even, as torch's
@@ -149,7 +149,7 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap, regi
     from flash4.backward import backward_config
     from flash4.compiler import compiled_backward_postprocess
 
-    geometry = dataclasses.replace(backward_config(head_dim, False), dq_register_order=register_order).dq_tile_geometry
+    geometry = backward_config(head_dim, False).dq_tile_geometry
     # Rows padded to whole query blocks, as attention_backward allocates them.
     batch, heads, scale, padded = 2, 3, 0.0883883, -(-seqlen // geometry.tile_m) * geometry.tile_m
     rows_major = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3

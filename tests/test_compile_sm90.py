@@ -348,42 +348,6 @@ def test_dq_accumulator_tile_is_the_offsets_the_postprocess_reads(rows, cols):
 
 
 @pytest.mark.parametrize("cols", (64, 128))
-def test_dq_register_order_is_where_each_thread_stores_its_registers(cols):
-    # dq_register_order: thread t of a warpgroup stores register i of its m64nN dQ
-    # accumulator at (i // 4) * 512 + 4t + i % 4 of its part, and the postprocess reads
-    # (row, col) from accumulator_register_offset(row, col). CuTe's own partition of the
-    # accumulator says which (row, col) register i of thread t holds; both must agree, and
-    # the places must be a permutation of the part.
-    import cutlass
-    import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
-
-    from flash4.kernels.configs import accumulator_register_offset
-
-    found: dict = {}
-
-    @cute.jit
-    def evaluate():
-        k_major = cute.nvgpu.OperandMajorMode.K
-        mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.BFloat16, cutlass.BFloat16, k_major, k_major, cutlass.Float32, (1, 1, 1), (64, cols)
-        )
-        coords = {}
-        for thread in cutlass.range_constexpr(128):
-            held = mma.get_slice(thread).partition_C(cute.make_identity_tensor((64, cols)))
-            for i in cutlass.range_constexpr(cute.size(held)):
-                coords[(thread, i)] = tuple(int(x) for x in held[i])
-        found["coords"] = coords
-
-    evaluate()
-    coords = found["coords"]
-    assert len(coords) == 64 * cols
-    for (thread, i), (row, col) in coords.items():
-        assert accumulator_register_offset(row, col) == (i // 4) * 512 + 4 * thread + i % 4, (thread, i, row, col)
-    assert sorted(accumulator_register_offset(r, c) for r, c in coords.values()) == list(range(64 * cols))
-
-
-@pytest.mark.parametrize("cols", (64, 128))
 def test_dq_accumulator_stores_have_no_bank_conflicts(cols):
     # A wgmma accumulator (m64nN): lane l of warp w holds rows 16w + l/4 (+8) and the column
     # pairs 8j + 2(l%4). One 8-byte store per (row half, j) and lane; shared memory serves
