@@ -1,18 +1,21 @@
 """Where the backward's time goes: its three launches timed alone on protocol shapes.
 
-    python perf/bwd_stage_timing.py [--hdim 64 128 256] [--seqlen 1024 4096 16384] [--causal] [--out x.json]
+    python perf/bwd_stage_timing.py [--hdim 64 128 256] [--seqlen 1024 4096 16384] [--causal]
+                                    [--change dq_register_order=True ...] [--out x.json]
 
 Stages: the preprocess (D, lse_log2, and the dQ accumulator zeroed unless the selector's
 kernel stores each part's first contribution, ``dq_first_stores``), the main kernel, the
 postprocess (dQ out of its fp32 accumulator), and the whole ``attention_backward``; beside
 the two memory passes the bandwidth they reach (bytes read once and written once over
 their time). The memory passes cost the same at every seqlen of the protocol (16k tokens),
-the main kernel grows with it: their share is what short sequences lose.
+the main kernel grows with it: their share is what short sequences lose. ``--change``
+times a candidate instead of the selector's configuration (Sm90BackwardConfig fields).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import sys
 from pathlib import Path
@@ -31,8 +34,11 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--seqlen", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--change", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="Sm90BackwardConfig fields replaced in the selector's configuration")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the timings, written after every shape")
     args = parser.parse_args()
+    change = {field: ast.literal_eval(value) for field, value in (item.split("=", 1) for item in args.change)}
     timer = bench.make_timer(quick=False)
     records: list[dict] = []
     for head_dim in args.hdim:
@@ -44,7 +50,8 @@ def main() -> None:
             dout = torch.randn_like(out)
             scale = head_dim ** -0.5
             # The stages alone: the main kernel without the postprocess's overlap.
-            config = dataclasses.replace(backward_config(head_dim, args.causal), overlap_postprocess=False)
+            selected = dataclasses.replace(backward_config(head_dim, args.causal), **change)
+            config = dataclasses.replace(selected, overlap_postprocess=False)
             padded = -(-seqlen // config.tile_m) * config.tile_m
             f32 = dict(dtype=torch.float32, device="cuda")
             delta, lse_log2 = (torch.empty(batch, heads, padded, **f32) for _ in range(2))
@@ -74,10 +81,11 @@ def main() -> None:
                 "main": (main_alone, None),
                 "postprocess": (lambda: post(dq_accum, dq, ready, 0, scale), accum_bytes + dq.numel() * 2),
                 "attention_backward": (lambda: attention_backward(q, k, v, out, dout, lse, scale, args.causal,
-                                                                  grads=(dq, dk, dv)), None),
+                                                                  grads=(dq, dk, dv), config=selected), None),
             }
             cells = []
-            record = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=args.causal, us={})
+            record = dict(head_dim=head_dim, seqlen=seqlen, batch=batch, heads=heads, causal=args.causal,
+                          change=change, us={})
             for name, (fn, moved_bytes) in stages.items():
                 fn()
                 torch.cuda.synchronize()
