@@ -35,13 +35,14 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=1024)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--pass", dest="which", choices=("fwd", "bwd", "fp8"), default="fwd")
+    parser.add_argument("--group", type=int, default=1, help="query heads per kv head (GQA/MQA)")
     args = parser.parse_args()
     if args.which == "fp8":
         profile(fp8_providers(args.hdim, args.seqlen, args.causal))
         return
     batch, heads = TOKENS // args.seqlen, HIDDEN // args.hdim
-    q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=args.which == "bwd") for _ in range(3))
+    q, k, v = (torch.randn(batch, args.seqlen, heads // (args.group if i else 1), args.hdim, device="cuda",
+                           dtype=torch.bfloat16, requires_grad=args.which == "bwd") for i in range(3))
     forwards = {"flash4": lambda: flash4.flash_attn_func(q, k, v, causal=args.causal)}
     try:
         from flash_attn.cute import flash_attn_func as fa4
@@ -55,7 +56,8 @@ def main() -> None:
         # SDPA takes (batch, heads, seqlen, head_dim).
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=args.causal,
+                enable_gqa=args.group > 1,
             )
         return out.transpose(1, 2)
 
