@@ -98,7 +98,9 @@ class Shape:
 
     def __post_init__(self) -> None:
         if self.group < 1 or self.heads % self.group:
-            raise ValueError(f"group={self.group}: must be a positive divisor of heads={self.heads}")
+            raise ValueError(
+                f"group={self.group}: must be a positive divisor of heads={self.heads} (head_dim {self.head_dim})"
+            )
 
     @property
     def kv_heads(self) -> int:

@@ -44,14 +44,8 @@ def bench(args: argparse.Namespace, command: str) -> int:
         return compare(*args.compare)
     from flash4 import bench as bench_module  # imports torch; keep `info --arch` light
 
-    head_dims = tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS
-    for head_dim in head_dims:
-        heads = bench_module.HIDDEN // head_dim
-        if heads % args.group:
-            print(f"--group {args.group}: must divide the {heads} query heads of head dim {head_dim}")
-            return 2
     options = bench_module.Options(
-        head_dims=head_dims,
+        head_dims=tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS,
         seqlens=tuple(args.seqlen) if args.seqlen else None,
         causal_modes=_CAUSAL_MODES[args.causal],
         quick=args.quick,
@@ -62,6 +56,11 @@ def bench(args: argparse.Namespace, command: str) -> int:
         out=args.out,
         command=command,
     )
+    try:
+        options.shapes()  # a --group that does not divide some head dim's heads
+    except ValueError as exc:
+        print(f"cannot bench: {exc}")
+        return 2
     return bench_module.run(options)
 
 

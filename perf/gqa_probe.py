@@ -8,22 +8,28 @@ flash-attn-4 with its query-head packing off. One process, interleaved rounds.
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
+import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from flash4 import bench
 
+Provider = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], bench.Prepared]
 
-def expanded(prepare, group: int):
-    def run_on_expanded(q, k, v, causal, scale):
+
+def expanded(prepare: Provider, group: int) -> Provider:
+    """``prepare`` on k and v repeated to every query head: multi-head, the same FLOPs."""
+
+    def run_on_expanded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
         return prepare(q, k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2), causal, scale)
 
     return run_on_expanded
 
 
-def fa4_unpacked(q, k, v, causal, scale):
+def fa4_unpacked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
     from flash_attn.cute import flash_attn_func
 
     return (lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, pack_gqa=False)), (
@@ -56,8 +62,9 @@ def main() -> None:
         )
         print(f"{shape.label()}: {cells}", flush=True)
         records.append({"shape": vars(shape), "results": {n: vars(m) for n, m in record.results.items()}})
-    if args.out:
-        args.out.write_text(json.dumps({**bench.environment(), "command": "perf/gqa_probe.py", "records": records}))
+        if args.out:
+            payload = {**bench.environment(), "command": shlex.join(["python3", *sys.argv]), "records": records}
+            bench.write_json(args.out, payload, quiet=True)
 
 
 if __name__ == "__main__":

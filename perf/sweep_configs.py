@@ -150,16 +150,17 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # lost 4-7% unmasked at 16k (d128 586 -> 545, all key blocks reaching a query block at
 # once and waiting for its first store); rotated, 4k and 16k are within the spread.
 # Lost again (2026-11-30, two rounds, -bwd-sweep-row-stats-in-registers.json; stats_early
-# above, rechecked after the store warp and first stores): each thread's LSE·log2(e) read from shared memory into registers right after the Sᵀ GEMM's issue and D
-# before the dPᵀ wait (as flash-attn-4 does at head dim 128), where ncu had 104k short-
-# scoreboard samples on the first FFMAs after the S wait. Head dim 128 full 496/558/546 ->
+# above, rechecked after the store warp and first stores): each thread's LSE·log2(e) read
+# from shared memory into registers right after the Sᵀ GEMM's issue and D before the dPᵀ
+# wait (as flash-attn-4 does at head dim 128), where ncu had 104k short-scoreboard
+# samples on the first FFMAs after the S wait. Head dim 128 full 496/558/546 ->
 # 466/549/568 at 1k/4k/16k (the 16k baseline's rounds 514-583), causal 373/515/583 ->
 # 368/511/539; head dim 256 within 1%. At 64 (32 columns a thread) it spills 60 bytes.
 # Lost again (2026-11-30, two rounds, -bwd-sweep-dq-register-order.json; kernels alone:
 # -bwd-stages-dq-register-order.json; the register order above, rechecked with the stages
-# timed apart): dQ stored from each warpgroup's registers in their
-# own order, 16 bytes a thread (half the shared-memory stores, flash-attn-4's way), with the
-# postprocess putting each value in place. The main kernel alone gained 0.8% at head dim
+# timed apart): dQ stored from each warpgroup's registers in their own order, 16 bytes a
+# thread (half the shared-memory stores, flash-attn-4's way), with the postprocess putting
+# each value in place. The main kernel alone gained 0.8% at head dim
 # 128 (16k 9.51 -> 9.43 ms) and nothing at 64; the postprocess, storing 4 bytes to each of
 # two rows per 16-byte load, went from 54 to 125-143 us, and 1k lost 5-10%. The stores
 # are not what holds the head-dim-128 kernel back.
