@@ -164,7 +164,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 128 (16k 9.51 -> 9.43 ms) and nothing at 64; the postprocess, storing 4 bytes to each of
 # two rows per 16-byte load, went from 54 to 125-143 us, and 1k lost 5-10%. The stores
 # are not what holds the head-dim-128 kernel back.
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    hdim: [dict(), dict(row_stats_thread_order=True)] for hdim in (64, 128, 256)
+}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
