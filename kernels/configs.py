@@ -196,25 +196,6 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
-# A wgmma accumulator's columns, as its lanes hold them: each group of 8 columns is spread
-# over the 4 lanes of a quad, a pair of adjacent columns per lane.
-ACCUMULATOR_COLUMN_GROUP = 8
-ACCUMULATOR_LANE_COLUMNS = 2
-# The per-row statistics a thread reads at once: 16 bytes, LDS.128.
-ROW_STATS_PER_LOAD = 4
-
-
-def row_stat_offset(row, tile_m: int):
-    """Where row ``row`` (< ``tile_m``) of a query block puts its LSE·log2(e) and D in the
-    backward's row buffers (``row_stats_thread_order``): a thread of the Sᵀ / dPᵀ
-    accumulators holds the columns 8a + 2t + b (t its lane in the quad), so all of lane t's
-    columns come first, in order, each four of them one 16-byte load. Python ints or Int32."""
-    quads = ACCUMULATOR_COLUMN_GROUP // ACCUMULATOR_LANE_COLUMNS
-    lane = (row % ACCUMULATOR_COLUMN_GROUP) // ACCUMULATOR_LANE_COLUMNS
-    group = row // ACCUMULATOR_COLUMN_GROUP
-    return lane * (tile_m // quads) + group * ACCUMULATOR_LANE_COLUMNS + row % ACCUMULATOR_LANE_COLUMNS
-
-
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
@@ -289,11 +270,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # The preprocess stores each query block's LSE·log2(e) and D in the order the consumer
-    # threads read them (row_stat_offset), so a thread loads four at a time (LDS.128), not
-    # two (LDS.64): the loads of a warp broadcast to four quads' lanes, each wavefront
-    # carrying 64 bytes of values instead of 32, half the wavefronts for the same values.
-    row_stats_thread_order: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -164,9 +164,22 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 128 (16k 9.51 -> 9.43 ms) and nothing at 64; the postprocess, storing 4 bytes to each of
 # two rows per 16-byte load, went from 54 to 125-143 us, and 1k lost 5-10%. The stores
 # are not what holds the head-dim-128 kernel back.
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(row_stats_thread_order=True)] for hdim in (64, 128, 256)
-}
+# Probes (2026-11-30, main kernel alone, two rounds; -bwd-stages-dq-probes.json; temporary
+# fields, never committed). Head dim 128 full 16k, 9.34-9.47 ms: dQ's shared-memory stores
+# skipped 8.62-8.77 (-7%), its bulk reductions too 8.55-8.63: the 32 KB of fp32 stores a
+# block cost what shared memory's 256 wavefronts would. dQ added from registers instead,
+# red.global.add.v2.f32 / .v4.f32 (register order): 12.4 / 11.0 ms, causal and head dim 64
+# +14-32%. The stores deferred into the next block's step, once its Sᵀ and dPᵀ GEMMs are
+# issued: +2.7% at 128 and 64, +30% at 256. 80-row blocks with dQ transposed
+# (flash-attn-4's non-causal tile), dQ's stores skipped in both: 8.81/8.83 ms against the
+# 64-row 8.80/8.84, so no gain left for a conflict-free dQᵀ tile to unlock.
+# Lost (2026-11-30, two rounds, -bwd-sweep-row-stats-thread-order.json): the preprocess
+# storing each block's LSE·log2(e) and D in the consumer threads' order, read four at a
+# time (LDS.128, half the loads and wavefronts of LDS.64). Head dim 64 full 425/512 ->
+# 346/425 at 1k/16k, causal 321/523 -> 274/428; 128 full 503/540 -> 465/564 (the
+# selector's 16k rounds 502-585), causal 381/591 -> 366/517; 256 within 1% full, causal
+# 16k 453 -> 427. GPU tests of the variant passed (78).
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
