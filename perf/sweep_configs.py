@@ -178,8 +178,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # time (LDS.128, half the loads and wavefronts of LDS.64). Head dim 64 full 425/512 ->
 # 346/425 at 1k/16k, causal 321/523 -> 274/428; 128 full 503/540 -> 465/564 (the
 # selector's 16k rounds 502-585), causal 381/591 -> 366/517; 256 within 1% full, causal
-# 16k 453 -> 427. GPU tests of the variant passed (78).
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# 16k 453 -> 427. GPU tests of the variant passed (78). That layout put all of a lane's
+# values first, so the four lanes of a quad loaded 16-byte units tile_m floats apart: at
+# 128 rows (head dim 64) all on the same four banks, 4 wavefronts a load instead of 1.
+# Candidate: the same loads with a quad's four units side by side (row_stat_offset).
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    hdim: [dict(), dict(row_stats_thread_order=True)] for hdim in (64, 128, 256)
+}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

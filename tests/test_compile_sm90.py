@@ -186,6 +186,77 @@ def test_dq_rows_compiles_clean():
     assert report.ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 2
 
 
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_row_stats_in_thread_order_are_four_consecutive_values_a_load(head_dim):
+    # row_stats_thread_order: the preprocess puts row r of a query block at
+    # row_stat_offset(r), and a consumer thread loads the statistics of its Sᵀ / dPᵀ
+    # accumulator columns j .. j+3 as one 16-byte vector from column j's place. Right when,
+    # for every consumer thread (CuTe's own partition of the kernel's Sᵀ GEMM), those four
+    # columns' rows sit at four consecutive places, the first a multiple of four, and the
+    # places are a permutation of the block's rows.
+    import cutlass
+    import cutlass.cute as cute
+
+    from flash4.backward import backward_config
+    from flash4.kernels.configs import ROW_STATS_PER_LOAD, row_stat_offset
+    from flash4.kernels.mma_layouts import acc_rows_cols
+    from flash4.kernels.sm90_bwd import Sm90BackwardKernel
+
+    config = backward_config(head_dim, False)
+    kernel = Sm90BackwardKernel(config, cutlass.BFloat16)
+    rows_by_thread: list[list[int]] = []
+
+    @cute.jit
+    def collect():
+        mma = kernel.score_mma()
+        coords = cute.make_identity_tensor((config.tile_n, config.tile_m))
+        for t in cutlass.range_constexpr(kernel.consumer_threads):
+            c = acc_rows_cols(mma.get_slice(t).partition_C(coords))
+            rows_by_thread.append([c[0, j][1] for j in range(cute.size(c, mode=[1]))])
+
+    cute.compile(collect, options="--gpu-arch=sm_90a")
+    assert len(rows_by_thread) == kernel.consumer_threads
+    assert sorted(row_stat_offset(r) for r in range(config.tile_m)) == list(range(config.tile_m))
+    for t, rows in enumerate(rows_by_thread):
+        assert rows and len(rows) % ROW_STATS_PER_LOAD == 0
+        for j in range(0, len(rows), ROW_STATS_PER_LOAD):
+            places = [row_stat_offset(r) for r in rows[j:j + ROW_STATS_PER_LOAD]]
+            assert places[0] % ROW_STATS_PER_LOAD == 0, (t, j)
+            assert places == list(range(places[0], places[0] + ROW_STATS_PER_LOAD)), (t, j)
+    # One load instruction of a warp: the lanes of a quad (t, t+1, t+2, t+3 in a warp's
+    # thread order) read four 16-byte units side by side, 64 bytes on 16 distinct banks;
+    # the warp's 8 quads read the same (a broadcast). One wavefront, as for 8-byte loads.
+    for warp_start in range(0, len(rows_by_thread), 32):
+        for j in range(0, len(rows_by_thread[warp_start]), ROW_STATS_PER_LOAD):
+            for quad in range(warp_start, warp_start + 32, 4):
+                firsts = [row_stat_offset(rows_by_thread[t][j]) for t in range(quad, quad + 4)]
+                assert firsts == [firsts[0] + ROW_STATS_PER_LOAD * i for i in range(4)], (quad, j)
+                assert firsts == [row_stat_offset(rows_by_thread[t][j]) for t in range(warp_start, warp_start + 4)]
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_row_stats_in_thread_order_compile_to_16_byte_loads(head_dim):
+    # Each thread reads a block's LSE·log2(e) and D four at a time: half the shared-memory
+    # loads of the row-order kernel (two at a time), no spills, no serialised wgmma.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = backward_config(head_dim, False)
+    rows_order = compile_backward_report(dataclasses.replace(config, row_stats_thread_order=False))
+    thread_order = compile_backward_report(dataclasses.replace(config, row_stats_thread_order=True))
+    assert thread_order.serialized_wgmma == 0 and thread_order.spill_bytes == 0
+    pairs, quads = (r"ld\.shared\.v2\.b32", r"ld\.shared\.v4\.b32")
+    # Per query block, masked and mask-free loops: a thread's columns (tile_m queries over
+    # the 4 lanes of a quad; head-dim split, half of them), for LSE and for D.
+    columns = config.tile_m // 4 // (2 if config.head_dim_split else 1)
+    assert len(re.findall(pairs, rows_order.ptx)) == 2 * 2 * columns // 2
+    assert not re.findall(quads, rows_order.ptx)
+    assert len(re.findall(quads, thread_order.ptx)) == 2 * 2 * columns // 4
+    assert not re.findall(pairs, thread_order.ptx)
+
+
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
 def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
     # In the key loops, one warp vote per block decides whether O's rows are multiplied;
