@@ -118,8 +118,7 @@ def attention_backward(
     dq_ready = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
     key_blocks = -(-problem.seqlen_k // config.tile_n)
     compiled_backward_preprocess(
-        problem.dtype, head_dim, config.tile_m, dq_counters_per_block=per_block if config.dq_first_stores else 0,
-        thread_order=config.row_stats_thread_order,
+        problem.dtype, head_dim, config.tile_m, dq_counters_per_block=per_block if config.dq_first_stores else 0
     )(out, dout, lse, delta, lse_log2, dq_accum, dq_ready, dq_counters if config.dq_first_stores else None)
     compiled_backward(config, problem.dtype)(
         q, k, v, dout, lse_log2, delta, dq_accum.view(batch, heads, padded, head_dim), dk_out, dv_out,

@@ -185,8 +185,7 @@ def _backward_preprocess_arguments(dtype_name: str, head_dim: int, with_counters
 
 
 def compile_backward_preprocess(
-    dtype_name: str, head_dim: int, block_rows: int, *options: str, dq_counters_per_block: int = 0,
-    thread_order: bool = False,
+    dtype_name: str, head_dim: int, block_rows: int, *options: str, dq_counters_per_block: int = 0
 ) -> Any:
     """The backward preprocess (kernels/sm90_bwd_preprocess.py) for one dtype, head dim and
     query block size. Call it as ``fn(out, dout, lse, d, lse_log2, dq_accum, dq_ready,
@@ -195,16 +194,12 @@ def compile_backward_preprocess(
     blocks of ``block_rows``; ``dq_ready`` (batch, heads) int32. ``dq_counters_per_block``
     (the main kernel's ``dq_first_stores``): int32 ``dq_counters`` (batch, heads, query
     blocks x that many) are zeroed instead of ``dq_accum``; otherwise pass None.
-    ``thread_order``: each block's D and lse_log2 as the main kernel's
-    ``row_stats_thread_order`` reads them (``kernels.configs.row_stat_offset``).
     """
     import cutlass.cute as cute
 
     from flash4.kernels.sm90_bwd_preprocess import Sm90BackwardPreprocess
 
-    kernel = Sm90BackwardPreprocess(
-        head_dim, _cutlass_dtype(dtype_name), block_rows, dq_counters_per_block, thread_order
-    )
+    kernel = Sm90BackwardPreprocess(head_dim, _cutlass_dtype(dtype_name), block_rows, dq_counters_per_block)
     flags = " ".join(("--enable-tvm-ffi", *options))
     arguments = _backward_preprocess_arguments(dtype_name, head_dim, dq_counters_per_block > 0)
     return cute.compile(kernel, *arguments, options=flags)

@@ -196,30 +196,6 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
-# A wgmma accumulator's columns, as its lanes hold them: each group of 8 columns is spread
-# over the 4 lanes of a quad, a pair of adjacent columns per lane.
-ACCUMULATOR_COLUMN_GROUP = 8
-ACCUMULATOR_LANE_COLUMNS = 2
-# The per-row statistics a thread reads at once: 16 bytes, LDS.128.
-ROW_STATS_PER_LOAD = 4
-
-
-def row_stat_offset(row):
-    """Where row ``row`` of a query block puts its LSE·log2(e) and D in the backward's row
-    buffers (``row_stats_thread_order``). A thread of the Sᵀ / dPᵀ accumulators holds the
-    columns 8a + 2t + b (t its lane in the quad, b < 2): each four of them (two groups a)
-    are one 16-byte load, and the four lanes of a quad load theirs side by side, 64 bytes
-    that one wavefront serves (all of one lane's columns first would put lanes t and t + 2
-    on the same banks). Python ints or Int32; blocks of a multiple of 16 rows."""
-    quad_lanes = ACCUMULATOR_COLUMN_GROUP // ACCUMULATOR_LANE_COLUMNS
-    groups_per_load = ROW_STATS_PER_LOAD // ACCUMULATOR_LANE_COLUMNS
-    group = row // ACCUMULATOR_COLUMN_GROUP
-    lane = (row % ACCUMULATOR_COLUMN_GROUP) // ACCUMULATOR_LANE_COLUMNS
-    load = group // groups_per_load
-    inside = (group % groups_per_load) * ACCUMULATOR_LANE_COLUMNS + row % ACCUMULATOR_LANE_COLUMNS
-    return (load * quad_lanes + lane) * ROW_STATS_PER_LOAD + inside
-
-
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
@@ -294,11 +270,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # The preprocess stores each query block's LSE·log2(e) and D in the order the consumer
-    # threads read them (row_stat_offset), so a thread loads four at a time (LDS.128), not
-    # two (LDS.64): the loads of a warp broadcast to four quads' lanes, each wavefront
-    # carrying 64 bytes of values instead of 32, half the wavefronts for the same values.
-    row_stats_thread_order: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -61,8 +61,8 @@ from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init,
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bulk_reduce import bulk_reduce_add_f32, bulk_store
 from .configs import (
-    BACKWARD_DS_STAGES, FP32_BYTES, ROW_STATS_PER_LOAD, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES,
-    TMA_SMEM_ALIGN_BYTES, Sm90BackwardConfig, row_stat_offset,
+    BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
+    Sm90BackwardConfig,
 )
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
@@ -263,13 +263,18 @@ class Sm90BackwardKernel:
         major_k, major_mn = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs, rows = self.config.consumer_warpgroups, ROWS_PER_CONSUMER_WARPGROUP
         if cutlass.const_expr(self.split):
-            # Both warpgroups on the same 64 keys: dV and dK split by head-dim columns, with
-            # Pᵀ and dSᵀ read from shared memory.
+            # Both warpgroups on the same 64 keys: Sᵀ and dPᵀ split by queries, dV and dK by
+            # head-dim columns, with Pᵀ and dSᵀ read from shared memory.
+            sdp_atoms, sdp_tile = (1, wgs, 1), (rows, self.tile_m // wgs)
             dkv_atoms, dkv_tile, dkv_a = (1, wgs, 1), (rows, self.head_dim // wgs), warpgroup.OperandSource.SMEM
         else:
             # 64 keys per warpgroup: Pᵀ and dSᵀ stay in the registers that computed them.
+            sdp_atoms, sdp_tile = (wgs, 1, 1), (rows, self.tile_m)
             dkv_atoms, dkv_tile, dkv_a = (wgs, 1, 1), (rows, self.head_dim), warpgroup.OperandSource.RMEM
-        tiled_mma_sdp = self.score_mma()
+        # Sᵀ and dPᵀ: M = keys, N = queries, K = head_dim.
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, major_k, major_k, Float32, sdp_atoms, sdp_tile
+        )
         # dV and dK: M = keys, N = head_dim, K = queries; A is Pᵀ or dSᵀ, B (dO, Q) is read as
         # (head_dim, queries), head_dim contiguous.
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
@@ -351,14 +356,6 @@ class Sm90BackwardKernel:
             # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
             fields["sP"] = buffer(sdS_layout)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-    def score_mma(self) -> cute.TiledMma:
-        """The Sᵀ and dPᵀ GEMMs: M = keys, N = queries, K = head_dim. Each warpgroup takes
-        its 64 keys, or (head-dim split, both on the same 64 keys) its half of the queries."""
-        wgs, rows = self.config.consumer_warpgroups, ROWS_PER_CONSUMER_WARPGROUP
-        atoms, tile = ((1, wgs, 1), (rows, self.tile_m // wgs)) if self.split else ((wgs, 1, 1), (rows, self.tile_m))
-        major_k = cute.nvgpu.OperandMajorMode.K
-        return sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, major_k, major_k, Float32, atoms, tile)
 
     def row_ring_layout(self, stages: int) -> cute.Layout:
         """An LSE or D ring: ``stages`` of ``tile_m`` values, each stage TMA-aligned."""
@@ -615,9 +612,8 @@ class Sm90BackwardKernel:
         # spilled 250-320 bytes at head dim 64, whose query blocks are 128 wide.
         warpgroup.wait_group(1)
         st = acc_rows_cols(acc_st)
-        lse_log2 = None
         for j in cutlass.range_constexpr(columns):
-            lse_log2, lse_log2_j = self.row_stat(rows.lse_log2, q_state.index, c, j, lse_log2)
+            lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -633,9 +629,8 @@ class Sm90BackwardKernel:
 
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
-        delta = None
         for j in cutlass.range_constexpr(columns):
-            delta, delta_j = self.row_stat(rows.delta, do_state.index, c, j, delta)
+            delta_j = rows.delta[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
@@ -690,19 +685,6 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
-
-    @cute.jit
-    def row_stat(self, ring: cute.Tensor, stage: Int32, c: cute.Tensor, j: int, loaded: Optional[cute.Tensor]):
-        """Column ``j``'s LSE·log2(e) or D from ``stage`` of its ring, as (loaded, value): read
-        where it is used, one at a time, or (row_stats_thread_order) four at a time into
-        ``loaded``, which the next three columns take from."""
-        if cutlass.const_expr(not self.config.row_stats_thread_order):
-            return loaded, ring[c[0, j][1], stage]
-        if cutlass.const_expr(j % ROW_STATS_PER_LOAD == 0):
-            loaded = cute.make_rmem_tensor(cute.make_layout(ROW_STATS_PER_LOAD), Float32)
-            first = row_stat_offset(c[0, j][1])
-            cute.autovec_copy(cute.local_tile(ring[None, stage], (ROW_STATS_PER_LOAD,), (first // ROW_STATS_PER_LOAD,)), loaded)
-        return loaded, loaded[j % ROW_STATS_PER_LOAD]
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):

@@ -35,7 +35,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
-from .configs import row_stat_offset
 from .memory_pass import FP32_PER_VECTOR, row_vector
 from .wgmma import rows_first
 
@@ -46,12 +45,8 @@ THREADS = 4 * THREADS_PER_WARP
 class Sm90BackwardPreprocess:
     """The preprocess for one head dim, dtype and query block size (the main kernel's)."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, dq_counters_per_block: int = 0,
-                 thread_order: bool = False):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, dq_counters_per_block: int = 0):
         self.head_dim = head_dim
-        # D and lse_log2 of a block's rows at row_stat_offset (the main kernel's
-        # row_stats_thread_order), not in row order.
-        self.thread_order = thread_order
         # 0: zero the dQ accumulator; else the counters of each query block's dQ parts.
         self.dq_counters_per_block = dq_counters_per_block
         self.dtype = dtype
@@ -150,9 +145,5 @@ class Sm90BackwardPreprocess:
             if row < seqlen:
                 lse = mLSE[row, head, batch]
                 lse_log2 = 0.0 if lse == -Float32.inf else lse * math.log2(math.e)
-            place = row
-            if cutlass.const_expr(self.thread_order):
-                block_start = row - row % self.block_rows
-                place = block_start + row_stat_offset(row % self.block_rows)
-            mD[place, head, batch] = total
-            mLSELog2[place, head, batch] = lse_log2
+            mD[row, head, batch] = total
+            mLSELog2[row, head, batch] = lse_log2

@@ -62,8 +62,7 @@ def main() -> None:
             tickets = 1 if config.dq_first_stores else 0
             counters = torch.empty(batch, heads, padded // config.tile_m * tickets, dtype=torch.int32, device="cuda")
             counters = counters if tickets else None
-            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m, dq_counters_per_block=tickets,
-                                               thread_order=config.row_stats_thread_order)
+            pre = compiled_backward_preprocess("bfloat16", head_dim, config.tile_m, dq_counters_per_block=tickets)
             main_kernel = compiled_backward(config, "bfloat16")
             post = compiled_backward_postprocess("bfloat16", config.dq_tile_geometry)
             accum_bytes = dq_accum.numel() * FP32_BYTES

@@ -181,10 +181,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 16k 453 -> 427. GPU tests of the variant passed (78). That layout put all of a lane's
 # values first, so the four lanes of a quad loaded 16-byte units tile_m floats apart: at
 # 128 rows (head dim 64) all on the same four banks, 4 wavefronts a load instead of 1.
-# Candidate: the same loads with a quad's four units side by side (row_stat_offset).
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(row_stats_thread_order=True)] for hdim in (64, 128, 256)
-}
+# Lost as well (2026-11-30, two rounds, -bwd-sweep-row-stats-thread-order-quads.json): the
+# same loads with a quad's four units side by side (one wavefront a warp load; CPU test of
+# CuTe's partition): head dim 64 full 424/511 -> 407/503 at 1k/16k, causal 321/524 ->
+# 314/482; 128 full 498/534 -> 478/579 (the selector's 16k rounds 488-591), causal
+# 381/591 -> 373/535; 256 full 384/445 -> 381/453, causal 315/441 -> 313/431. Not the
+# wavefronts, then: four values a load lose where two a load do not.
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
