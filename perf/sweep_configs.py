@@ -13,6 +13,14 @@ for the backward) is printed beside its time: a fast wrong kernel is no candidat
 
 With ``--out``, the records (each candidate's rounds and distance, the versions, the
 command) go to that JSON after every shape, so a run cut short keeps what it measured.
+
+``--control`` times the selector's configuration once more, after the candidates ("...
+again"): the two copies differ only by their place in the turn, so their gap is the
+smallest difference a candidate must beat. In every two-candidate backward sweep of
+2026-11-30 at seqlen 16k, one provider's second round ran 10-20% slower than its first,
+whichever configuration stood there: the first provider on unmasked shapes, the second on
+causal ones (where each call takes half as long), i.e. at about the same time into the
+shape. With two rounds the median is their mean and carries half of that; keep three.
 """
 
 from __future__ import annotations
@@ -340,6 +348,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fp8"), default="fwd")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the records, written after every shape")
+    parser.add_argument("--control", action="store_true",
+                        help="time the selector's configuration a second time, after the candidates")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
     payload = {
@@ -358,6 +368,8 @@ def main() -> None:
             for change in BACKWARD_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
                 providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
+            if args.control:
+                providers["selector again"] = backward_candidate(base_config, diffs, "selector again")
         elif args.pass_ == "fp8":
             from flash4.dispatch import FP8_DTYPE
 
@@ -366,6 +378,8 @@ def main() -> None:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 config = dataclasses.replace(base.config, **change)
                 providers[label] = fp8_candidate(dataclasses.replace(base, config=config), diffs, label)
+            if args.control:
+                providers["table again"] = fp8_candidate(base, diffs, "table again")
         else:
             base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
             for change in CANDIDATES[shape.head_dim]:
@@ -377,6 +391,8 @@ def main() -> None:
                 if change and config == base.config:
                     continue  # the row has it already
                 providers[label] = candidate(dataclasses.replace(base, config=config), diffs, label)
+            if args.control:
+                providers["table again"] = candidate(base, diffs, "table again")
         peers = bench.PASS_PROVIDERS[args.pass_]
         providers.update({name: peers[name] for name in (FP8_PEERS if args.pass_ == "fp8" else PEERS)})
         record = bench.measure_shape(shape, timer, providers=providers, rounds=args.rounds)
