@@ -193,8 +193,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # same loads with a quad's four units side by side (one wavefront a warp load; CPU test of
 # CuTe's partition): head dim 64 full 424/511 -> 407/503 at 1k/16k, causal 321/524 ->
 # 314/482; 128 full 498/534 -> 478/579 (the selector's 16k rounds 488-591), causal
-# 381/591 -> 373/535; 256 full 384/445 -> 381/453, causal 315/441 -> 313/431. Not the
-# wavefronts, then: four values a load lose where two a load do not.
+# 381/591 -> 373/535; 256 full 384/445 -> 381/453, causal 315/441 -> 313/431. The 16k
+# medians carry a slow second round (see --control); the faster rounds alone have the
+# candidate 1% slower at head dim 128, 2-5% at 64, within 1% at 256. Not the wavefronts,
+# then: four values a load lose where two a load do not.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
