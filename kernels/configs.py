@@ -270,6 +270,12 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
+    # dq_first_stores, not deterministic: each ticket taken with acquire semantics, so a
+    # later holder whose ticket already shows the first holder's store landed (LANDED, as
+    # in a rotated walk nearly every one does) skips the acquire load it would otherwise
+    # spin on between the first part's hand-over and its reduction, a global round trip
+    # on the store warp's path every query block. [Candidate, not yet run on a GPU.]
+    dq_ticket_acquires: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -55,7 +55,9 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..pipelines.global_semaphore import announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed
+from ..pipelines.global_semaphore import (
+    LANDED, announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed,
+)
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
@@ -766,7 +768,7 @@ class Sm90BackwardKernel:
         parts over, so the atomic's round trip overlaps their GEMMs."""
         ticket = Int32(0)
         if cute.arch.lane_idx() == 0:
-            ticket = take_ticket(dq_out.counters.iterator + m_block)
+            ticket = take_ticket(dq_out.counters.iterator + m_block, self.config.dq_ticket_acquires)
         return cute.arch.shuffle_sync(ticket, 0)
 
     @cute.jit
@@ -817,7 +819,12 @@ class Sm90BackwardKernel:
                 if cutlass.const_expr(tickets_taken and part == 0):
                     # A later ticket adds once the first holder's stores have landed.
                     if lane == 0 and ticket != 0:
-                        wait_until_landed(dq_out.counters.iterator + m_block)
+                        if cutlass.const_expr(self.config.dq_ticket_acquires):
+                            # The ticket acquired the first holder's release already.
+                            if ticket < LANDED:
+                                wait_until_landed(dq_out.counters.iterator + m_block)
+                        else:
+                            wait_until_landed(dq_out.counters.iterator + m_block)
                 self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket)
             if cutlass.const_expr(tickets_taken):
                 if ticket == 0:

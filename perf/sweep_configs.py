@@ -197,7 +197,14 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # medians carry a slow second round (see --control); the faster rounds alone have the
 # candidate 1% slower at head dim 128, 2-5% at 64, within 1% at 256. Not the wavefronts,
 # then: four values a load lose where two a load do not.
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# Reading the sweeps of 2026-11-30 by their faster rounds (the slow second rounds above
+# left out), the accumulator zeroed by the preprocess (dq_first_stores=False) ran 1-4%
+# faster than first stores at 4k and 16k (head dim 128 full 16k 1.03x and 1.03x in two
+# sweeps, 256 full 1.04x and 1.04x, causal 1.01-1.03x) while first stores won 4-12% at
+# 512 and 1k: the ticket protocol costs on long rows. Candidate: tickets that acquire.
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
+}
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

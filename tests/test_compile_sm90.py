@@ -170,6 +170,30 @@ def test_dq_first_stores_take_tickets_before_the_handover(causal):
     assert ptx.count("st.global.v4") == (1 if causal else 0)
 
 
+def test_dq_ticket_acquires_skips_the_landed_wait_when_the_ticket_shows_it():
+    # dq_ticket_acquires: the ticket is one acquire atomic, and the store warp's acquire
+    # loads (the first read, the spin) sit behind a test of the ticket against LANDED; the
+    # rest of the hand-over is the default kernel's, with no spills or serialised wgmma.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+    from flash4.pipelines.global_semaphore import LANDED
+
+    config = backward_config(128, False)
+    default = compile_backward_report(dataclasses.replace(config, dq_ticket_acquires=False))
+    report = compile_backward_report(dataclasses.replace(config, dq_ticket_acquires=True))
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    assert report.ptx.count("atom.global.acquire.add.u32") == 1 and "atom.global.add.u32" not in report.ptx
+    assert default.ptx.count("atom.global.add.u32") == 1 and "atom.global.acquire" not in default.ptx
+    assert report.ptx.count("ld.acquire.gpu") == default.ptx.count("ld.acquire.gpu") == 2
+    warp = report.ptx[report.ptx.index("atom.global.acquire.add.u32"):]
+    before_loads = warp[: warp.index("ld.acquire.gpu")]
+    assert re.search(rf"setp\.\w+\.s32\s+%p\d+, %r\d+, ({LANDED - 1}|{LANDED});", before_loads)
+    for name in ("cp.reduce.async.bulk", "cp.async.bulk.global.shared::cta", "bar.sync", "bar.arrive"):
+        assert report.ptx.count(name) == default.ptx.count(name), name
+
+
 def test_dq_rows_compiles_clean():
     # Head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
     # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
