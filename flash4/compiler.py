@@ -383,9 +383,11 @@ def compile_entry(
     )
 
 
-def compile_backward_report(config: Any, dtype_name: str = "bfloat16", arch: str = "sm_90a") -> CompileReport:
+def compile_backward_report(
+    config: Any, dtype_name: str = "bfloat16", arch: str = "sm_90a", keep_cubin: bool = False
+) -> CompileReport:
     """``compile_entry`` for the main backward kernel of one ``Sm90BackwardConfig``."""
-    return _compile_with_report(lambda *flags: compile_backward(config, dtype_name, *flags), arch, False)
+    return _compile_with_report(lambda *flags: compile_backward(config, dtype_name, *flags), arch, keep_cubin)
 
 
 def _compile_with_report(compile_fn: Callable[..., Any], arch: str, keep_cubin: bool) -> CompileReport:

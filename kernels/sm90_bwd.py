@@ -511,9 +511,11 @@ class Sm90BackwardKernel:
         kv_ring.consumer_wait(kv_state)
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
-        masked_end = masked_block_end(
-            block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
-        )
+        masked_end = m_end
+        if cutlass.const_expr(not self.config.mask_every_block):
+            masked_end = masked_block_end(
+                block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
+            )
         key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
         for step in cutlass.range(m_begin, masked_end, unroll=1):
             m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
@@ -521,12 +523,13 @@ class Sm90BackwardKernel:
                       scale_log2, tidx, True)
             q_state.advance()
             do_state.advance()
-        for step in cutlass.range(masked_end, m_end, unroll=1):
-            m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
-                      scale_log2, tidx, False)
-            q_state.advance()
-            do_state.advance()
+        if cutlass.const_expr(not self.config.mask_every_block):
+            for step in cutlass.range(masked_end, m_end, unroll=1):
+                m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
+                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
+                          scale_log2, tidx, False)
+                q_state.advance()
+                do_state.advance()
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
 
     @cute.jit

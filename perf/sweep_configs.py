@@ -203,7 +203,8 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # sweeps, 256 full 1.04x and 1.04x, causal 1.01-1.03x) while first stores won 4-12% at
 # 512 and 1k: the ticket protocol costs on long rows. Candidate: tickets that acquire.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
+    hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False), dict(mask_every_block=True)]
+    for hdim in (64, 128, 256)
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it

@@ -79,8 +79,11 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
 @pytest.mark.parametrize(
     "change",
-    (dict(dq_first_stores=False), dict(rotate_query_blocks=False), dict(dq_ticket_acquires=True)),
-    ids=("accumulator-zeroed", "walks-in-order", "ticket-acquires"),
+    (
+        dict(dq_first_stores=False), dict(rotate_query_blocks=False), dict(dq_ticket_acquires=True),
+        dict(mask_every_block=True),
+    ),
+    ids=("accumulator-zeroed", "walks-in-order", "ticket-acquires", "mask-every-block"),
 )
 def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, change):
     # The selector's kernels store dQ's first contributions and rotate unmasked walks; the

@@ -194,6 +194,22 @@ def test_dq_ticket_acquires_skips_the_landed_wait_when_the_ticket_shows_it():
         assert report.ptx.count(name) == default.ptx.count(name), name
 
 
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_mask_every_block_compiles_one_consumer_loop(causal):
+    # mask_every_block: the masked step serves every query block, so the kernel holds one
+    # copy of a block's wgmmas, not two, and no spills or serialised wgmma.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = backward_config(128, causal)
+    two = compile_backward_report(config)
+    one = compile_backward_report(dataclasses.replace(config, mask_every_block=True))
+    assert one.serialized_wgmma == 0 and one.spill_bytes == 0
+    assert 2 * one.ptx.count("wgmma.mma_async") == two.ptx.count("wgmma.mma_async") > 0
+
+
 def test_dq_rows_compiles_clean():
     # Head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
     # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
