@@ -1,13 +1,15 @@
-"""flash4's Hopper backward beside flash-attn-4's, as machine code, without a GPU.
+"""flash4's Hopper kernels beside flash-attn-4's, as machine code, without a GPU.
 
     pip install nvidia-cuda-nvdisasm triton einops        # once: the disassembler, and what
                                                           # flash-attn-4 and quack import
     mkdir -p /tmp/peers && tar -xJf .gpu/peers/flash-attn-4-*.tar.xz -C /tmp/peers
-    python perf/peer_sass.py --peer-site /tmp/peers --hdim 128 [--causal] [--change '{...}']
+    python perf/peer_sass.py --peer-site /tmp/peers [--pass fwd] --hdim 128 [--causal]
+                             [--seqlen 16384] [--change '{...}']
 
-Both main backward kernels are compiled for sm_90a here: flash4's with the configuration
-flash4.backward picks (``--change`` edits it), flash-attn-4's with the tiles its own
-interface picks for the head dim, through its fake-tensor helpers. For each kernel's
+Both kernels of the pass (the backward's main kernel, or the 16-bit forward) are compiled
+for sm_90a here: flash4's with the configuration its selector picks (``--change`` edits
+it; the forward's row depends on ``--seqlen``), flash-attn-4's with the tiles its own
+interface picks for the head dim, on fake tensors. For each kernel's
 consumer loop (a loop of at least one query block's wgmmas holding no smaller such loop;
 flash4 has a masked and a mask-free one) it prints the instruction count and, for each
 stretch between two wgmma waits (WARPGROUP.DEPBAR), what runs there: wgmmas,
@@ -127,12 +129,52 @@ def timeline(body: list[Instruction]) -> str:
     return " ".join(tag if n == 1 else f"{tag}x{n}" for tag, n in folded)
 
 
-def flash4_cubin(head_dim: int, causal: bool, change: dict) -> tuple[str, bytes]:
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
+def flash4_cubin(pass_: str, head_dim: int, causal: bool, seqlen: int, change: dict) -> tuple[str, bytes]:
+    from flash4.compiler import compile_backward_report, compile_entry
 
-    config = dataclasses.replace(backward_config(head_dim, causal), **change)
-    return f"flash4 {config}", compile_backward_report(config, keep_cubin=True).cubin
+    if pass_ == "bwd":
+        from flash4.backward import backward_config
+
+        config = dataclasses.replace(backward_config(head_dim, causal), **change)
+        return f"flash4 {config}", compile_backward_report(config, keep_cubin=True).cubin
+    from flash4.dispatch import select
+
+    entry = select("sm_90a", "bfloat16", head_dim, causal, seqlen)
+    entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **change))
+    return f"flash4 {entry.config}", compile_entry(entry, keep_cubin=True).cubin
+
+
+def flash_attn_4_forward_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[str, bytes]:
+    """flash-attn-4's sm90 forward (with LSE) as its interface configures it, on fake tensors."""
+    sys.path.insert(0, str(peer_site))
+    import cutlass
+    import cutlass.cute as cute
+    from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+    from flash_attn.cute.interface import _tile_size_fwd_sm90
+    from flash_attn.cute.utils import AuxData
+    from quack.compile_utils import make_fake_tensor
+
+    tiles = _tile_size_fwd_sm90(head_dim, head_dim, causal, False)
+    dtype = cutlass.BFloat16
+    # One producer warpgroup, and a consumer warpgroup per 64 query rows.
+    threads = 128 * (1 + tiles.m_block_size // 64)
+    kernel = FlashAttentionForwardSm90(
+        dtype, head_dim, head_dim, 1, is_causal=causal, is_local=False, pack_gqa=False,
+        tile_m=tiles.m_block_size, tile_n=tiles.n_block_size, num_stages=2, num_threads=threads,
+        Q_in_regs=False, intra_wg_overlap=tiles.intra_wg_overlap, mma_pv_is_rs=tiles.mma_pv_is_rs,
+    )
+    batch, seqlen_q, seqlen_k, heads = (cute.sym_int() for _ in range(4))
+    q, o = (make_fake_tensor(dtype, (batch, seqlen_q, heads, head_dim), divisibility=8) for _ in range(2))
+    k, v = (make_fake_tensor(dtype, (batch, seqlen_k, heads, head_dim), divisibility=8) for _ in range(2))
+    lse = make_fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), divisibility=1)
+    with tempfile.TemporaryDirectory() as scratch:
+        cute.compile(
+            kernel, q, k, v, o, lse, cutlass.Float32(1.0), None, None, None, None, None, None, None, None, None,
+            AuxData(), None, None, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+            options=f"--enable-tvm-ffi --gpu-arch=sm_90a --keep-cubin --dump-dir={scratch}",
+        )
+        cubin = Path(sorted(glob.glob(f"{scratch}/*.cubin"))[0]).read_bytes()
+    return f"flash-attn-4 {tiles}, {threads} threads", cubin
 
 
 def flash_attn_4_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[str, bytes]:
@@ -172,14 +214,17 @@ def flash_attn_4_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer-site", type=Path, required=True, help="folder holding flash_attn/ and quack/")
+    parser.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd")
     parser.add_argument("--hdim", type=int, default=128)
+    parser.add_argument("--seqlen", type=int, default=16384, help="the forward's selector row (seqlen_q)")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--change", default="{}", help="JSON of Sm90BackwardConfig fields to change (flash4)")
+    parser.add_argument("--change", default="{}", help="JSON of flash4's configuration fields to change")
     parser.add_argument("--timeline", action="store_true")
     args = parser.parse_args()
+    peer = flash_attn_4_cubin if args.pass_ == "bwd" else flash_attn_4_forward_cubin
     kernels = (
-        flash4_cubin(args.hdim, args.causal, json.loads(args.change)),
-        flash_attn_4_cubin(args.peer_site, args.hdim, args.causal),
+        flash4_cubin(args.pass_, args.hdim, args.causal, args.seqlen, json.loads(args.change)),
+        peer(args.peer_site, args.hdim, args.causal),
     )
     for name, cubin in kernels:
         print(name)
