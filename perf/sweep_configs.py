@@ -199,9 +199,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # then: four values a load lose where two a load do not.
 # Reading the sweeps of 2026-11-30 by their faster rounds (the slow second rounds above
 # left out), the accumulator zeroed by the preprocess (dq_first_stores=False) ran 1-4%
-# faster than first stores at 4k and 16k (head dim 128 full 16k 1.03x and 1.03x in two
-# sweeps, 256 full 1.04x and 1.04x, causal 1.01-1.03x) while first stores won 4-12% at
-# 512 and 1k: the ticket protocol costs on long rows. Candidate: tickets that acquire.
+# faster than first stores at 4k and 16k at head dims 128 and 256 (128 full 16k 1.03x in
+# both sweeps, 256 full 1.04x in both, causal 1.01-1.03x; 64 within 1%) while first
+# stores won 2-12% at 512 and 1k: the ticket protocol costs on long rows. Candidates:
+# tickets that acquire; and every block through the masked step (peer_sass.py).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False), dict(mask_every_block=True)]
     for hdim in (64, 128, 256)
