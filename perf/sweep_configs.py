@@ -201,7 +201,8 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # left out), the accumulator zeroed by the preprocess (dq_first_stores=False) ran 1-4%
 # faster than first stores at 4k and 16k at head dims 128 and 256 (128 full 16k 1.03x in
 # both sweeps, 256 full 1.04x in both, causal 1.01-1.03x; 64 within 1%) while first
-# stores won 2-12% at 512 and 1k: the ticket protocol costs on long rows. Candidates:
+# stores won 1-12% at 512 and up to 6% in most 1k rows: the ticket protocol costs on long
+# rows. Candidates:
 # tickets that acquire; and every block through the masked step (peer_sass.py).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False), dict(mask_every_block=True)]
