@@ -196,10 +196,10 @@ def flash_attn_4_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[st
         AtomLayoutNdKV=tiles.AtomLayoutNdKV, AtomLayoutMdQ=tiles.AtomLayoutMdQ,
         num_threads=(tiles.num_wg + 1) * 128, V_in_regs=False, dQ_single_wg=tiles.dQ_single_wg,
     )
-    q, k, v, _, do, _, _, dv_, _, lse_log2, dpsum, dq_accum, _, _, _ = make_fake_bwd_tensors(
+    # (q, k, v, o, do, dq, dk, dv, lse, lse_log2, dpsum, dq_accum, dk_accum, dv_accum, scale_p)
+    q, k, v, _, do, _, dk, dv, _, lse_log2, dpsum, dq_accum, *_ = make_fake_bwd_tensors(
         dtype, has_gqa=False, varlen_q=False, varlen_k=False
     )
-    dk, dv = make_fake_bwd_tensors(dtype, has_gqa=False, varlen_q=False, varlen_k=False)[6:8]
     with tempfile.TemporaryDirectory() as scratch:
         cute.compile(
             kernel, q, k, v, do, lse_log2, dpsum, dq_accum, dk, dv, cutlass.Float32(1.0),
