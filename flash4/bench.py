@@ -464,6 +464,10 @@ class Measurement:
     # Within the rounds: the lowest low and the highest high quantile of the timer's samples
     # (None when the timer keeps no samples).
     ms_spread: tuple[float, float] | None = None
+    # When each round of this provider began, in seconds since the shape's first round did:
+    # a round slower than the others can be matched with the moment it ran (in the backward
+    # sweeps of 2026-11-30 one round at 16k ran 10-20% slow, whichever provider stood there).
+    rounds_started_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -523,10 +527,13 @@ def measure_shape(
         errors.update(wrong_outputs(outputs, WRONG_RELATIVE))
     times: dict[str, list[float]] = {name: [] for name in runs}
     spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    started: dict[str, list[float]] = {name: [] for name in runs}
+    first_round = time.perf_counter()
     for _ in range(rounds):
         for name, run in runs.items():
             if name in errors:
                 continue
+            started[name].append(time.perf_counter() - first_round)
             try:
                 if timer.spread is None:
                     times[name].append(timer.milliseconds(run))
@@ -546,7 +553,8 @@ def measure_shape(
         if spreads[name]:
             spread = (min(low for low, _ in spreads[name]), max(high for _, high in spreads[name]))
         results[name] = Measurement(
-            ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12, ms_rounds=tuple(times[name]), ms_spread=spread
+            ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12, ms_rounds=tuple(times[name]), ms_spread=spread,
+            rounds_started_s=tuple(started[name]),
         )
 
     diff, against = None, None

@@ -166,6 +166,11 @@ def test_measure_shape_interleaves_rounds_and_keeps_each_median() -> None:
 
     assert order == ["flash4", "sdpa-cudnn"] * 3
     assert record.results["flash4"].ms == 2.0 and record.results["flash4"].ms_rounds == (5.0, 1.0, 2.0)
+    # Each round's start, in turn order: flash4's round r before sdpa-cudnn's round r.
+    starts = [record.results[name].rounds_started_s for name in ("flash4", "sdpa-cudnn")]
+    assert all(len(s) == 3 for s in starts)
+    in_turn = [t for pair in zip(*starts) for t in pair]
+    assert all(a < b for a, b in zip(in_turn, in_turn[1:])) and 0.0 <= in_turn[0]
     assert record.results["sdpa-cudnn"].ms == 4.0
     assert record.ratio_vs_best_peer == pytest.approx(2.0)
 
