@@ -180,7 +180,11 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # +14-32%. The stores deferred into the next block's step, once its Sᵀ and dPᵀ GEMMs are
 # issued: +2.7% at 128 and 64, +30% at 256. 80-row blocks with dQ transposed
 # (flash-attn-4's non-causal tile), dQ's stores skipped in both: 8.81/8.83 ms against the
-# 64-row 8.80/8.84, so no gain left for a conflict-free dQᵀ tile to unlock.
+# 64-row 8.80/8.84, so no gain left for a conflict-free dQᵀ tile to unlock. That variant
+# waited for dV before issuing dQᵀ: without the wait ptxas serialises the wgmmas at 80
+# rows (insufficient registers; at 64 rows it fits), where flash-attn-4 issues both
+# (perf/peer_sass.py). Untried: dK's GEMM reading dSᵀ from its shared-memory tile (SS),
+# which frees dSᵀ's 20 registers a thread for 10 KB more reads a warpgroup a block.
 # Lost (2026-11-30, two rounds, -bwd-sweep-row-stats-thread-order.json): the preprocess
 # storing each block's LSE·log2(e) and D in the consumer threads' order, read four at a
 # time (LDS.128, half the loads and wavefronts of LDS.64). Head dim 64 full 425/512 ->
