@@ -183,8 +183,8 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 64-row 8.80/8.84, so no gain left for a conflict-free dQᵀ tile to unlock. That variant
 # waited for dV before issuing dQᵀ: without the wait ptxas serialises the wgmmas at 80
 # rows (insufficient registers; at 64 rows it fits), where flash-attn-4 issues both
-# (perf/peer_sass.py). Untried: dK's GEMM reading dSᵀ from its shared-memory tile (SS),
-# which frees dSᵀ's 20 registers a thread for 10 KB more reads a warpgroup a block.
+# (perf/peer_sass.py). dK's GEMM reading dSᵀ from its shared-memory tile (SS, so dSᵀ's
+# 20 registers a thread are free once stored) does not lift it: still serialised.
 # Lost (2026-11-30, two rounds, -bwd-sweep-row-stats-thread-order.json): the preprocess
 # storing each block's LSE·log2(e) and D in the consumer threads' order, read four at a
 # time (LDS.128, half the loads and wavefronts of LDS.64). Head dim 64 full 425/512 ->
