@@ -517,17 +517,14 @@ class Sm90BackwardKernel:
                 block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
             )
         key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
-        for step in cutlass.range(m_begin, masked_end, unroll=1):
-            m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
-            self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
-                      scale_log2, tidx, True)
-            q_state.advance()
-            do_state.advance()
-        if cutlass.const_expr(not self.config.mask_every_block):
-            for step in cutlass.range(masked_end, m_end, unroll=1):
+        # The masked blocks first, then the mask-free ones (none with mask_every_block).
+        parts = ((m_begin, masked_end, True),) + (() if self.config.mask_every_block else ((masked_end, m_end, False),))
+        for part in cutlass.range_constexpr(len(parts)):
+            begin, end, masked = parts[part]
+            for step in cutlass.range(begin, end, unroll=1):
                 m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
                 self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
-                          scale_log2, tidx, False)
+                          scale_log2, tidx, masked)
                 q_state.advance()
                 do_state.advance()
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
