@@ -1,7 +1,8 @@
 """The Hopper backward pass, host side: buffers, the three launches, and the dQ conversion.
 ``flash_attn_func``'s autograd Function (flash4/autograd.py) calls it.
 
-    preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ's ticket counters = 0
+    preprocess  D = rowsum(dO ∘ O), lse_log2 = LSE · log2(e), dQ's ticket counters (short
+                rows) or its fp32 accumulator (long rows) = 0
     main        dK, dV per key block; dQ stored (first) or added into the fp32 accumulator
     postprocess dQ = accumulator · softmax_scale, in the input dtype
 """
@@ -25,6 +26,13 @@ _CONFIGS: dict[int, dict] = {
     256: dict(tile_m=64, tile_n=64, q_stages=1, do_stages=1, head_dim_split=True),
 }
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
+# From this many keys on, the preprocess zeroes dQ's accumulator and every contribution
+# adds (dq_first_stores off). The zeros cost a fixed 4 bytes per query row and head-dim
+# column, a share of the call that falls as the rows grow; the first-store tickets cost
+# every CTA a round trip and a wait per query block, a share that does not (H200, three
+# rounds, faster round: the zeros 1-3% ahead at 16k at every head dim, first stores up to
+# 8% ahead at 1k, 4k even; perf/sweep_configs.py).
+ZEROED_DQ_MIN_SEQLEN_K = 8192
 
 
 def check_backward_supported(problem: AttentionProblem) -> None:
@@ -37,13 +45,15 @@ def check_backward_supported(problem: AttentionProblem) -> None:
 
 
 def backward_config(
-    head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False
+    head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False, *, seqlen_k: int
 ) -> Sm90BackwardConfig:
-    """``grouped``: several query heads share each kv head (GQA/MQA)."""
+    """``grouped``: several query heads share each kv head (GQA/MQA). Deterministic
+    kernels keep first stores at any length: their turns, not tickets, pick the first."""
     if head_dim not in _CONFIGS:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
     return Sm90BackwardConfig(
-        head_dim=head_dim, causal=causal, kv_accumulate=grouped, deterministic=deterministic, **_CONFIGS[head_dim]
+        head_dim=head_dim, causal=causal, kv_accumulate=grouped, deterministic=deterministic,
+        dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K, **_CONFIGS[head_dim],
     )
 
 
@@ -88,7 +98,7 @@ def attention_backward(
                          f"{lse.dtype} {tuple(lse.shape)}")
     grouped = problem.kv_heads != problem.heads
     if config is None:
-        config = backward_config(problem.head_dim, causal, grouped, deterministic)
+        config = backward_config(problem.head_dim, causal, grouped, deterministic, seqlen_k=problem.seqlen_k)
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)

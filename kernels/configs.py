@@ -270,19 +270,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # dq_first_stores, not deterministic: each ticket taken with acquire semantics, so a
-    # later holder whose ticket already shows the first holder's store landed (LANDED, as
-    # in a rotated walk nearly every one does) skips the acquire load it would otherwise
-    # spin on between the first part's hand-over and its reduction, a global round trip
-    # on the store warp's path every query block. [Candidate, not yet run on a GPU.]
-    dq_ticket_acquires: bool = False
-    # Every query block through the masked step (the mask a no-op off the diagonal and the
-    # ragged edge), no mask-free loop. ptxas schedules the two loops differently: at head
-    # dim 128 the masked one runs 16 of a thread's 32 exponentials before the dPᵀ wait, as
-    # flash-attn-4's (one loop, masking every block) does, the mask-free one 5, the wait
-    # hoisted over the rest (perf/peer_sass.py). The mask costs 76 instructions a block of
-    # 418. [Candidate, not yet run on a GPU.]
-    mask_every_block: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -56,7 +56,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.global_semaphore import (
-    LANDED, announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed,
+    announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed,
 )
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
@@ -511,14 +511,12 @@ class Sm90BackwardKernel:
         kv_ring.consumer_wait(kv_state)
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
-        masked_end = m_end
-        if cutlass.const_expr(not self.config.mask_every_block):
-            masked_end = masked_block_end(
-                block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
-            )
+        masked_end = masked_block_end(
+            block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
+        )
         key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
-        # The masked blocks first, then the mask-free ones (none with mask_every_block).
-        parts = ((m_begin, masked_end, True),) + (() if self.config.mask_every_block else ((masked_end, m_end, False),))
+        # The masked blocks first, then the mask-free ones.
+        parts = ((m_begin, masked_end, True), (masked_end, m_end, False))
         for part in cutlass.range_constexpr(len(parts)):
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
@@ -768,7 +766,7 @@ class Sm90BackwardKernel:
         parts over, so the atomic's round trip overlaps their GEMMs."""
         ticket = Int32(0)
         if cute.arch.lane_idx() == 0:
-            ticket = take_ticket(dq_out.counters.iterator + m_block, self.config.dq_ticket_acquires)
+            ticket = take_ticket(dq_out.counters.iterator + m_block)
         return cute.arch.shuffle_sync(ticket, 0)
 
     @cute.jit
@@ -819,12 +817,7 @@ class Sm90BackwardKernel:
                 if cutlass.const_expr(tickets_taken and part == 0):
                     # A later ticket adds once the first holder's stores have landed.
                     if lane == 0 and ticket != 0:
-                        if cutlass.const_expr(self.config.dq_ticket_acquires):
-                            # The ticket acquired the first holder's release already.
-                            if ticket < LANDED:
-                                wait_until_landed(dq_out.counters.iterator + m_block)
-                        else:
-                            wait_until_landed(dq_out.counters.iterator + m_block)
+                        wait_until_landed(dq_out.counters.iterator + m_block)
                 self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket)
             if cutlass.const_expr(tickets_taken):
                 if ticket == 0:

@@ -46,7 +46,7 @@ def main() -> None:
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=args.causal, return_lse=True)
 
-    config = backward_config(args.hdim, args.causal, args.kv_heads != args.heads)
+    config = backward_config(args.hdim, args.causal, args.kv_heads != args.heads, seqlen_k=args.seqlen_k)
     padded = -(-args.seqlen_q // config.tile_m) * config.tile_m
     delta = torch.full((1, args.heads, padded), math.nan, device="cuda")
     lse_log2 = torch.full_like(delta, math.nan)

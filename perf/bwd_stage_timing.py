@@ -50,7 +50,7 @@ def main() -> None:
             dout = torch.randn_like(out)
             scale = head_dim ** -0.5
             # The stages alone: the main kernel without the postprocess's overlap.
-            selected = dataclasses.replace(backward_config(head_dim, args.causal), **change)
+            selected = dataclasses.replace(backward_config(head_dim, args.causal, seqlen_k=seqlen), **change)
             config = dataclasses.replace(selected, overlap_postprocess=False)
             padded = -(-seqlen // config.tile_m) * config.tile_m
             f32 = dict(dtype=torch.float32, device="cuda")

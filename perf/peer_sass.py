@@ -135,7 +135,7 @@ def flash4_cubin(pass_: str, head_dim: int, causal: bool, seqlen: int, change: d
     if pass_ == "bwd":
         from flash4.backward import backward_config
 
-        config = dataclasses.replace(backward_config(head_dim, causal), **change)
+        config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=seqlen), **change)
         return f"flash4 {config}", compile_backward_report(config, keep_cubin=True).cubin
     from flash4.dispatch import select
 

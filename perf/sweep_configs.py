@@ -206,10 +206,24 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # faster than first stores at 4k and 16k at head dims 128 and 256 (128 full 16k 1.03x in
 # both sweeps, 256 full 1.04x in both, causal 1.01-1.03x; 64 within 1%) while first
 # stores won 1-12% at 512 and up to 6% in most 1k rows: the ticket protocol costs on long
-# rows. Candidates:
-# tickets that acquire; and every block through the masked step (peer_sass.py).
+# rows. Three candidates against it, swept together (2026-11-30, three rounds, --control,
+# 1k / 4k / 16k; -bwd-sweep-tickets-mask-zeroed-d{64,128,256}.json; GPU tests of the first two passed,
+# 120), by their faster rounds (selector: the better of its two copies):
+# - Lost: tickets taken with acquire semantics, so that a later holder seeing LANDED
+#   skipped its acquire load (dq_ticket_acquires). d128 full 509/569/587 ->
+#   484/562/592, causal 379/520/591 -> 375/517/588; d256 full 390/441/456 ->
+#   387/455/471 but causal 318/422/455 -> 326/427/443; d64 within 1%. The selector's
+#   two copies differ by as much (d256 causal 16k 455 / 442).
+# - Lost: every block through the masked step, so ptxas schedules one loop as
+#   flash-attn-4's, 16 of a thread's 32 exponentials before the dPᵀ wait at head dim 128
+#   (mask_every_block). d128 full 509/569/587 -> 468/559/575, causal 379/520/591 ->
+#   373/513/581; d64 causal 16k 522 -> 517; d256 within 1-2%.
+# - Taken from 8k keys on (flash4/backward.py, ZEROED_DQ_MIN_SEQLEN_K): the zeroed
+#   accumulator. 16k: d128 full 587 -> 592, causal 591 -> 593; d256 full 456 -> 466,
+#   causal 455 -> 469; d64 full 527 -> 533, causal 522 -> 530. 4k even (d128 569 -> 560,
+#   d256 full 441 -> 451), 1k lost 2-8% (d128 full 509 -> 469).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(dq_ticket_acquires=True), dict(dq_first_stores=False), dict(mask_every_block=True)]
+    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
@@ -380,10 +394,13 @@ def main() -> None:
         if backward:
             from flash4.backward import backward_config
 
-            base_config = backward_config(shape.head_dim, shape.causal)
+            base_config = backward_config(shape.head_dim, shape.causal, seqlen_k=shape.seqlen)
             for change in BACKWARD_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
-                providers[label] = backward_candidate(dataclasses.replace(base_config, **change), diffs, label)
+                config = dataclasses.replace(base_config, **change)
+                if change and config == base_config:
+                    continue  # the selector's own
+                providers[label] = backward_candidate(config, diffs, label)
             if args.control:
                 providers["selector again"] = backward_candidate(base_config, diffs, "selector again")
         elif args.pass_ == "fp8":

@@ -21,9 +21,6 @@ Tickets decide which CTA writes an accumulator tile first, so that it needs no z
     announce_landed(counter)     the first, once its store has landed: add LANDED (release)
     wait_until_landed(counter)   any later one, before it adds: spin until counter >= LANDED
 
-A ticket taken with ``acquire`` that comes back at LANDED or above was taken after the
-first holder's release, and acquired it: that holder needs no wait at all.
-
 A CTA takes one ticket per tile, for everything it writes there, when it is about to
 write: between its ticket and its release the first holder waits for no other CTA, so no
 cycle. (With a ticket per part of a tile, two CTAs each first on one part each waited for
@@ -32,7 +29,6 @@ the other's release: the backward hung on the H200.)
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
@@ -57,9 +53,8 @@ LANDED = 1 << 24
 
 
 @cute.jit
-def take_ticket(counter: cute.Pointer, acquire: cutlass.Constexpr[bool] = False) -> Int32:
-    sem = "acquire" if acquire else "relaxed"
-    return Int32(cute.arch.atomic_add(counter, Int32(1), sem=sem, scope="gpu"))
+def take_ticket(counter: cute.Pointer) -> Int32:
+    return Int32(cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu"))
 
 
 @cute.jit

@@ -79,16 +79,14 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
 @pytest.mark.parametrize(
     "change",
-    (
-        dict(dq_first_stores=False), dict(rotate_query_blocks=False), dict(dq_ticket_acquires=True),
-        dict(mask_every_block=True),
-    ),
-    ids=("accumulator-zeroed", "walks-in-order", "ticket-acquires", "mask-every-block"),
+    (dict(dq_first_stores=False), dict(rotate_query_blocks=False)),
+    ids=("accumulator-zeroed", "walks-in-order"),
 )
 def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, change):
-    # The selector's kernels store dQ's first contributions and rotate unmasked walks; the
-    # variants a sweep compares them with (the preprocess zeroing the accumulator, or the
-    # walks in order) must stay right too.
+    # Below ZEROED_DQ_MIN_SEQLEN_K keys the selector's kernels store dQ's first
+    # contributions, and they rotate unmasked walks; the variants a sweep compares them
+    # with (the preprocess zeroing the accumulator, as the selector does for long rows, or
+    # the walks in order) must stay right too.
     import dataclasses
 
     from flash4 import flash_attn_func
@@ -100,9 +98,34 @@ def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k,
     v = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    config = dataclasses.replace(backward_config(head_dim, causal), **change)
+    config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=seqlen_k), **change)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
+    torch.cuda.synchronize()
+
+    _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q", (17, 1000))
+def test_long_rows_zeroed_accumulator_matches_reference(head_dim, causal, seqlen_q):
+    # From ZEROED_DQ_MIN_SEQLEN_K keys on, the selector's kernel adds every contribution
+    # into an accumulator the preprocess zeroed (poisoned with NaN here before that), under
+    # GQA as well; the last key block is ragged.
+    from flash4 import flash_attn_func
+    from flash4.backward import ZEROED_DQ_MIN_SEQLEN_K, attention_backward, backward_config
+
+    seqlen_k = ZEROED_DQ_MIN_SEQLEN_K + 17
+    assert not backward_config(head_dim, causal, True, seqlen_k=seqlen_k).dq_first_stores
+    dtype = torch.bfloat16
+    q = torch.randn(1, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(1, seqlen_k, 2, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(1, seqlen_k, 2, head_dim, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads)
     torch.cuda.synchronize()
 
     _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
@@ -152,7 +175,7 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap):
     from flash4.backward import backward_config
     from flash4.compiler import compiled_backward_postprocess
 
-    geometry = backward_config(head_dim, False).dq_tile_geometry
+    geometry = backward_config(head_dim, False, seqlen_k=1024).dq_tile_geometry
     # Rows padded to whole query blocks, as attention_backward allocates them.
     batch, heads, scale, padded = 2, 3, 0.0883883, -(-seqlen // geometry.tile_m) * geometry.tile_m
     rows_major = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3

@@ -60,7 +60,7 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = backward_config(head_dim, causal, grouped)
+    config = backward_config(head_dim, causal, grouped, seqlen_k=1024)
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0, f"ptxas serialised wgmmas in {config}"
     ptx = report.ptx
@@ -122,7 +122,7 @@ def test_deterministic_backward_takes_turns(head_dim, grouped):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = backward_config(head_dim, True, grouped, deterministic=True)
+    config = backward_config(head_dim, True, grouped, deterministic=True, seqlen_k=1024)
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0
     ptx = report.ptx
@@ -149,7 +149,7 @@ def test_dq_first_stores_take_tickets_before_the_handover(causal):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = dataclasses.replace(backward_config(128, causal), dq_first_stores=True)
+    config = dataclasses.replace(backward_config(128, causal, seqlen_k=1024), dq_first_stores=True)
     ptx = compile_backward_report(config).ptx
     parts = config.consumer_warpgroups
     warp = ptx[ptx.index("atom.global.add.u32"):]
@@ -170,46 +170,6 @@ def test_dq_first_stores_take_tickets_before_the_handover(causal):
     assert ptx.count("st.global.v4") == (1 if causal else 0)
 
 
-def test_dq_ticket_acquires_skips_the_landed_wait_when_the_ticket_shows_it():
-    # dq_ticket_acquires: the ticket is one acquire atomic, and the store warp's acquire
-    # loads (the first read, the spin) sit behind a test of the ticket against LANDED; the
-    # rest of the hand-over is the default kernel's, with no spills or serialised wgmma.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-    from flash4.pipelines.global_semaphore import LANDED
-
-    config = backward_config(128, False)
-    default = compile_backward_report(dataclasses.replace(config, dq_ticket_acquires=False))
-    report = compile_backward_report(dataclasses.replace(config, dq_ticket_acquires=True))
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    assert report.ptx.count("atom.global.acquire.add.u32") == 1 and "atom.global.add.u32" not in report.ptx
-    assert default.ptx.count("atom.global.add.u32") == 1 and "atom.global.acquire" not in default.ptx
-    assert report.ptx.count("ld.acquire.gpu") == default.ptx.count("ld.acquire.gpu") == 2
-    warp = report.ptx[report.ptx.index("atom.global.acquire.add.u32"):]
-    before_loads = warp[: warp.index("ld.acquire.gpu")]
-    assert re.search(rf"setp\.\w+\.s32\s+%p\d+, %r\d+, ({LANDED - 1}|{LANDED});", before_loads)
-    for name in ("cp.reduce.async.bulk", "cp.async.bulk.global.shared::cta", "bar.sync", "bar.arrive"):
-        assert report.ptx.count(name) == default.ptx.count(name), name
-
-
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_mask_every_block_compiles_one_consumer_loop(causal):
-    # mask_every_block: the masked step serves every query block, so the kernel holds one
-    # copy of a block's wgmmas, not two, and no spills or serialised wgmma.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    config = backward_config(128, causal)
-    two = compile_backward_report(config)
-    one = compile_backward_report(dataclasses.replace(config, mask_every_block=True))
-    assert one.serialized_wgmma == 0 and one.spill_bytes == 0
-    assert 2 * one.ptx.count("wgmma.mma_async") == two.ptx.count("wgmma.mma_async") > 0
-
-
 def test_dq_rows_compiles_clean():
     # Head dim 64 (tile_m 128): each warpgroup's dQ GEMM is 64x64
     # wgmmas over its own 64 query rows, pipelined, without spills; its part of dQ leaves
@@ -217,7 +177,7 @@ def test_dq_rows_compiles_clean():
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = backward_config(64, True)
+    config = backward_config(64, True, seqlen_k=1024)
     assert config.dq_rows
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
@@ -299,7 +259,7 @@ def test_dq_postprocess_moves_16_byte_loads_and_8_byte_stores(dtype, head_dim):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_postprocess_report
 
-    report = compile_backward_postprocess_report(dtype, backward_config(head_dim, False).dq_tile_geometry)
+    report = compile_backward_postprocess_report(dtype, backward_config(head_dim, False, seqlen_k=1024).dq_tile_geometry)
     assert report.spill_bytes == 0
     kind = {"bfloat16": "bf16x2", "float16": "f16x2"}[dtype]
     loads, stores = report.ptx.count("ld.global.v4.b32"), report.ptx.count("st.global.v2.b32")
@@ -315,7 +275,7 @@ def test_dq_postprocess_waits_for_its_head_only_when_overlapping(overlap):
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_postprocess_report
 
-    geometry = backward_config(128, False).dq_tile_geometry
+    geometry = backward_config(128, False, seqlen_k=1024).dq_tile_geometry
     ptx = compile_backward_postprocess_report("bfloat16", geometry, overlap=overlap).ptx
     assert ptx.count("griddepcontrol.wait") == int(overlap)
     assert ptx.count("ld.acquire.gpu") == 2 * int(overlap)  # the first read, and the spin
@@ -336,7 +296,7 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         "quantize_rows": lambda: compile_quantize_report("bfloat16", 128, None),
         "quantize_transposed_v": lambda: compile_quantize_report("bfloat16", 128, None, transposed_v=True),
         "bwd_postprocess": lambda: compile_backward_postprocess_report(
-            "bfloat16", backward_config(128, False).dq_tile_geometry
+            "bfloat16", backward_config(128, False, seqlen_k=1024).dq_tile_geometry
         ),
     }[kernel]()
     order = "".join(

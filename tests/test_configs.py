@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from flash4.kernels.configs import SM90_SMEM_BYTES, Sm90ForwardConfig
@@ -57,10 +59,22 @@ def test_backward_configs_of_the_selector_fit_and_split_only_head_dim_256():
 
     assert SUPPORTED_HEAD_DIMS == (64, 128, 256)
     for head_dim in SUPPORTED_HEAD_DIMS:
-        config = backward_config(head_dim, causal=False)
+        config = backward_config(head_dim, causal=False, seqlen_k=1024)
         assert config.smem_bytes() <= SM90_SMEM_BYTES
         assert config.head_dim_split == (head_dim == 256)
         assert config.tile_n == (64 if head_dim == 256 else 128)
+
+
+def test_backward_selector_zeroes_the_accumulator_from_long_rows_on_unless_deterministic():
+    from flash4.backward import SUPPORTED_HEAD_DIMS, ZEROED_DQ_MIN_SEQLEN_K, backward_config
+
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            short = backward_config(head_dim, causal, seqlen_k=ZEROED_DQ_MIN_SEQLEN_K - 1)
+            long = backward_config(head_dim, causal, seqlen_k=ZEROED_DQ_MIN_SEQLEN_K)
+            assert short.dq_first_stores and not long.dq_first_stores
+            assert long == dataclasses.replace(short, dq_first_stores=False)
+            assert backward_config(head_dim, causal, deterministic=True, seqlen_k=ZEROED_DQ_MIN_SEQLEN_K).dq_first_stores
 
 
 @pytest.mark.parametrize(
