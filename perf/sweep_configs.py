@@ -222,6 +222,12 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 #   accumulator. 16k: d128 full 587 -> 592, causal 591 -> 593; d256 full 456 -> 466,
 #   causal 455 -> 469; d64 full 527 -> 533, causal 522 -> 530. 4k even (d128 569 -> 560,
 #   d256 full 441 -> 451), 1k lost 2-8% (d128 full 509 -> 469).
+# Probe, not a candidate (2026-11-30, three rounds, perf/wave_tail_probe.py,
+# -bwd-wave-tail-probe.json): the unmasked 16k grids hold 15.52 waves of key-block CTAs
+# (31.03 at head dim 64); beside shapes of whole waves (heads 15 / 31 / 6, seqlen 16896 /
+# 16896 / 21120) flash4 runs 605 -> 616 at head dim 128, 539 -> 542 at 64, 470 -> 471 at
+# 256 (flash-attn-4 626 -> 636, 540 -> 549, 384 -> 386). The last wave's CTAs finish
+# early, alone on the memory system: splitting its walks (stream-K) could gain 2% at most.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
