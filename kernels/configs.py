@@ -270,12 +270,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # The first k_register_slices 16-column slices of K held in registers as the Sᵀ
-    # GEMM's A operand (loaded once per key block), the rest read from shared memory: an SS
-    # wgmma of N = 64 alone reads the 128 bytes a clock shared memory gives, so each slice
-    # held saves 4 KiB of reads a query block (of about 370). All of K spills at head dim
-    # 128. [Candidate, not yet run on a GPU.]
-    k_register_slices: int = 0
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -321,11 +315,6 @@ class Sm90BackwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
-        if not 0 <= self.k_register_slices <= self.head_dim // 16 or (self.k_register_slices and self.head_dim_split):
-            raise ValueError(
-                f"k_register_slices={self.k_register_slices}: from 0 to head_dim // 16 = {self.head_dim // 16}, "
-                f"and 0 with head_dim_split"
-            )
         rows_per_split = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS
         if self.dq_rows and (self.head_dim_split or self.tile_m != rows_per_split):
             raise ValueError(

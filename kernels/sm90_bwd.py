@@ -69,7 +69,7 @@ from .configs import (
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import RegisterOperandA, accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
 # The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
 # consumers hand a written dQ part over and go on instead of waiting for the TMA engine's
@@ -148,11 +148,6 @@ class BackwardOperands:
     sP: Optional[cute.Tensor]
     store_dq: Any
     warpgroup_idx: Int32
-    # k_register_slices: K's first slices in registers, the Sᵀ GEMM's A there (its own
-    # tiled MMA and Q fragment); None otherwise.
-    k_registers: Optional[RegisterOperandA] = None
-    tiled_mma_s_rs: Optional[cute.TiledMma] = None
-    tSrQ_rs: Optional[cute.Tensor] = None
 
 
 def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
@@ -514,8 +509,6 @@ class Sm90BackwardKernel:
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
         kv_ring.consumer_wait(kv_state)
-        if cutlass.const_expr(self.config.k_register_slices):
-            ops.k_registers.load()
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
         masked_end = masked_block_end(
@@ -554,17 +547,6 @@ class Sm90BackwardKernel:
         acc_dk = cute.make_rmem_tensor(wg_dkv.partition_shape_C((tile_n, d)), Float32)
         acc_dv.fill(0.0)
         acc_dk.fill(0.0)
-        k_registers = tiled_mma_s_rs = tSrQ_rs = None
-        if cutlass.const_expr(self.config.k_register_slices):
-            major_k = cute.nvgpu.OperandMajorMode.K
-            tiled_mma_s_rs = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, major_k, major_k, Float32, (self.config.consumer_warpgroups, 1, 1),
-                (ROWS_PER_CONSUMER_WARPGROUP, tile_m), a_source=warpgroup.OperandSource.RMEM,
-            )
-            wg_s_rs = tiled_mma_s_rs.get_slice(wg_threads(warpgroup_idx))
-            sK_held = cute.local_tile(sK, (tile_n, 16 * self.config.k_register_slices), (0, 0))
-            k_registers = RegisterOperandA.make(tiled_mma_s_rs, wg_s_rs, self.dtype, sK_held, tidx)
-            tSrQ_rs = wg_s_rs.make_fragment_B(wg_s_rs.partition_B(sQ))
         return BackwardOperands(
             tiled_mma_sdp=tiled_mma_sdp,
             tiled_mma_dkv=tiled_mma_dkv,
@@ -594,9 +576,6 @@ class Sm90BackwardKernel:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
-            k_registers=k_registers,
-            tiled_mma_s_rs=tiled_mma_s_rs,
-            tSrQ_rs=tSrQ_rs,
         )
 
     @cute.jit
@@ -623,10 +602,7 @@ class Sm90BackwardKernel:
         columns = cute.size(c, mode=[1])
         q_ring.consumer_wait(q_state)
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
-        if cutlass.const_expr(self.config.k_register_slices):
-            self.st_gemm_k_held(ops, acc_st, q_state.index)
-        else:
-            warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
+        warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
         do_ring.consumer_wait(do_state)
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
@@ -709,25 +685,6 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
-
-    @cute.jit
-    def st_gemm_k_held(self, ops: BackwardOperands, acc: cute.Tensor, q_stage: Int32):
-        """k_register_slices: Sᵀ = K Qᵀ as one commit group, K's first slices from
-        registers, the rest from shared memory."""
-        held = self.config.k_register_slices
-        slices = self.head_dim // 16
-        warpgroup.fence()
-        rs = cute.make_mma_atom(ops.tiled_mma_s_rs.op)
-        rs.set(warpgroup.Field.ACCUMULATE, False)
-        for k in cutlass.range_constexpr(held):
-            b = ops.tSrQ_rs[None, None, k, q_stage]
-            cute.gemm(rs, acc, ops.k_registers.fragment[None, None, k], b, acc)
-            rs.set(warpgroup.Field.ACCUMULATE, True)
-        ss = cute.make_mma_atom(ops.tiled_mma_sdp.op)
-        ss.set(warpgroup.Field.ACCUMULATE, True)
-        for k in cutlass.range_constexpr(held, slices):
-            cute.gemm(ss, acc, ops.tSrK[None, None, k], ops.tSrQ[None, None, k, q_stage], acc)
-        warpgroup.commit_group()
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):

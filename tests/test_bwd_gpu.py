@@ -106,31 +106,6 @@ def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k,
     _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (128, 4096), (333, 777)))
-@pytest.mark.parametrize("held", (1, 2))
-def test_k_register_slices_variant_matches_reference(head_dim, causal, seqlen_q, seqlen_k, held):
-    # Candidate k_register_slices: the Sᵀ GEMM's first K slices from registers.
-    import dataclasses
-
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
-
-    dtype = torch.bfloat16
-    q = torch.randn(2, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=seqlen_k), k_register_slices=held)
-    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
-    torch.cuda.synchronize()
-
-    _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
-
-
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))
