@@ -228,6 +228,12 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 16896 / 21120) flash4 runs 605 -> 616 at head dim 128, 539 -> 542 at 64, 470 -> 471 at
 # 256 (flash-attn-4 626 -> 636, 540 -> 549, 384 -> 386). The last wave's CTAs finish
 # early, alone on the memory system: splitting its walks (stream-K) could gain 2% at most.
+# Lost (2026-11-30, three rounds, --control, -bwd-sweep-k-register-slices.json; GPU tests of
+# the variant passed, 32): at head dim 128 the Sᵀ GEMM's first one or two 16-column slices
+# of K held in registers (RS), the rest SS, so that 4-8 KiB fewer shared-memory bytes a
+# query block are read (three slices spill). Faster rounds, full 1k/4k/16k 516/558/599 ->
+# 481/558/589 (one slice) and 484/570/598 (two), causal 378/522/599 -> 370/515/590 and
+# 372/516/591: within the selector's own spread, no gain.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
