@@ -234,6 +234,12 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # query block are read (three slices spill). Faster rounds, full 1k/4k/16k 516/558/599 ->
 # 481/558/589 (one slice) and 484/570/598 (two), causal 378/522/599 -> 370/515/590 and
 # 372/516/591: within the selector's own spread, no gain.
+# Not compiled clean, so not run (2026-11-30): each step issuing the next block's Sᵀ right
+# after its dQ and dK GEMMs, before its wait for dK, so the tensor cores go from dK to the
+# next Sᵀ without the loop's turn between (the last step peeled off, P in registers of its
+# own). At head dims 64 and 128 ptxas serialises every wgmma: C7514 (the next Sᵀ in flight
+# over the loop's back edge) and, with that Sᵀ waited for inside its step, C7512
+# (insufficient registers: dV, dK, dSᵀ and the next Sᵀ live at once).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
