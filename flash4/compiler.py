@@ -33,11 +33,12 @@ LSE_ALIGN_BYTES = 4
 
 
 # ptxas's remarks when it cannot keep wgmmas in flight: it injected a wait or an arrive
-# (C7517, C7519) or serialised the instructions (C7512: too few registers; C7515), so a
+# (C7517, C7519) or serialised the instructions (C7512: too few registers; C7514, C7515:
+# other instructions reading or writing a wgmma's accumulator while it runs), so a
 # GEMM's instructions run one after another instead of pipelined. Seen with a wgmma
 # accumulator in flight across a loop's back edge, with scalar converts between the P V
 # wgmmas, and with the backward's Pᵀ held twice at head dim 64.
-PTXAS_SERIALIZED_WGMMA = ("C7512", "C7515", "C7517", "C7519")
+PTXAS_SERIALIZED_WGMMA = ("C7512", "C7514", "C7515", "C7517", "C7519")
 _PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores")
 
