@@ -239,7 +239,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # next Sᵀ without the loop's turn between (the last step peeled off, P in registers of its
 # own). At head dims 64 and 128 ptxas serialises every wgmma: C7514 (the next Sᵀ in flight
 # over the loop's back edge) and, with that Sᵀ waited for inside its step, C7512
-# (insufficient registers: dV, dK, dSᵀ and the next Sᵀ live at once).
+# (insufficient registers: dV, dK, dSᵀ and the next Sᵀ live at once); with the exponentials
+# written over the Sᵀ registers instead of P's own, C7514 and C7515: a wgmma accumulator
+# carried from step to step must not be one the softmax writes.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
