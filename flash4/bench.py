@@ -662,6 +662,12 @@ def write_json(path: Path, payload: dict[str, Any], quiet: bool = False) -> None
         print(f"wrote {path}")
 
 
+def write_probe_json(path: Path, records: list[dict[str, Any]], **fields: Any) -> None:
+    """A perf/ script's results: the environment, its command line, ``fields``, its records
+    (rewritten after each, so that a run cut short keeps what it measured)."""
+    write_json(path, {**environment(), "command": default_command(), **fields, "records": records}, quiet=True)
+
+
 # --- entry points -------------------------------------------------------------------------
 
 

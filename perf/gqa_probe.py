@@ -8,8 +8,7 @@ flash-attn-4 with its query-head packing off. One process, interleaved rounds.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -61,10 +60,9 @@ def main() -> None:
             f"{name} {m.tflops:.0f}" if m.tflops else f"{name} {m.error}" for name, m in record.results.items()
         )
         print(f"{shape.label()}: {cells}", flush=True)
-        records.append({"shape": vars(shape), "results": {n: vars(m) for n, m in record.results.items()}})
+        records.append(dataclasses.asdict(record))
         if args.out:
-            payload = {**bench.environment(), "command": shlex.join(["python3", *sys.argv]), "records": records}
-            bench.write_json(args.out, payload, quiet=True)
+            bench.write_probe_json(args.out, records)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ the TFLOP/s of the two shapes differ by what the idle SMs of the last wave cost.
 from __future__ import annotations
 
 import argparse
-import math
-import shlex
-import sys
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -56,11 +54,9 @@ def main() -> None:
             }
             cells = " | ".join(f"{name} {tflops:.0f}" for name, tflops in fastest.items())
             print(f"{probe.label()} ctas {ctas} = {ctas / sms:.2f} waves (fastest rounds): {cells}", flush=True)
-            records.append({"shape": vars(probe), "ctas": ctas, "waves": ctas / sms,
-                            "results": {n: vars(m) for n, m in record.results.items()}})
+            records.append({**dataclasses.asdict(record), "ctas": ctas, "waves": ctas / sms})
             if args.out:
-                payload = {**bench.environment(), "command": shlex.join(["python3", *sys.argv]), "records": records}
-                bench.write_json(args.out, payload, quiet=True)
+                bench.write_probe_json(args.out, records)
 
 
 if __name__ == "__main__":

@@ -52,26 +52,32 @@ def _check_against_reference(q, k, v, dout, causal, grads) -> None:
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS)
-@pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 2), (4, 1)), ids=("mha", "gqa", "mqa"))
-def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k, heads, kv_heads):
+def _backward_matches_reference(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, dtype,
+                                config=None) -> None:
+    """Fresh inputs, flash4's forward for out and LSE, the gradients poisoned with NaN,
+    the backward (``config``: a candidate's kernel instead of the selector's), the rule."""
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward
 
-    batch = 2
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
     dout = torch.randn_like(q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads)
+    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
     torch.cuda.synchronize()
 
     _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 2), (4, 1)), ids=("mha", "gqa", "mqa"))
+def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k, heads, kv_heads):
+    _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, dtype)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -89,21 +95,10 @@ def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k,
     # the walks in order) must stay right too.
     import dataclasses
 
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
+    from flash4.backward import backward_config
 
-    dtype = torch.bfloat16
-    q = torch.randn(2, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, seqlen_k, 4, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=seqlen_k), **change)
-    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, config=config)
-    torch.cuda.synchronize()
-
-    _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
+    _backward_matches_reference(2, seqlen_q, seqlen_k, 4, 4, head_dim, causal, torch.bfloat16, config)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -113,22 +108,11 @@ def test_long_rows_zeroed_accumulator_matches_reference(head_dim, causal, seqlen
     # From ZEROED_DQ_MIN_SEQLEN_K keys on, the selector's kernel adds every contribution
     # into an accumulator the preprocess zeroed (poisoned with NaN here before that), under
     # GQA as well; the last key block is ragged.
-    from flash4 import flash_attn_func
-    from flash4.backward import ZEROED_DQ_MIN_SEQLEN_K, attention_backward, backward_config
+    from flash4.backward import ZEROED_DQ_MIN_SEQLEN_K, backward_config
 
     seqlen_k = ZEROED_DQ_MIN_SEQLEN_K + 17
     assert not backward_config(head_dim, causal, True, seqlen_k=seqlen_k).dq_first_stores
-    dtype = torch.bfloat16
-    q = torch.randn(1, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(1, seqlen_k, 2, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(1, seqlen_k, 2, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads)
-    torch.cuda.synchronize()
-
-    _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
+    _backward_matches_reference(1, seqlen_q, seqlen_k, 4, 2, head_dim, causal, torch.bfloat16)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
