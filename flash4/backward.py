@@ -28,10 +28,10 @@ _CONFIGS: dict[int, dict] = {
 SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 # From this many keys on, the preprocess zeroes dQ's accumulator and every contribution
 # adds (dq_first_stores off). The zeros cost a fixed 4 bytes per query row and head-dim
-# column, a share of the call that falls as the rows grow; the first-store tickets cost
-# every CTA a round trip and a wait per query block, a share that does not (H200, three
-# rounds, faster round: the zeros 1-3% ahead at 16k at every head dim, first stores up to
-# 8% ahead at 1k, 4k even; perf/sweep_configs.py).
+# column, a share of the call that falls as the rows grow; first stores cost each CTA's
+# store warp a ticket and a wait per query block, a share that does not (H200, three
+# rounds, faster rounds: the zeros 1-3% ahead at 8k and 16k at every head dim, first
+# stores up to 8% ahead at 1k and 2k, 4k even; perf/sweep_configs.py).
 ZEROED_DQ_MIN_SEQLEN_K = 8192
 
 

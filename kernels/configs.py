@@ -262,7 +262,9 @@ class Sm90BackwardConfig:
     # block; deterministic: the first in turn order), so the preprocess writes no zeros: 4
     # bytes per dQ element, 128 MB at the protocol's 16k tokens, on the critical path at
     # every seqlen (H200, two rounds: 512 unmasked 326/370/292 -> 342/403/314 at head dims
-    # 64/128/256, causal 208/239/201 -> 218/264/228; causal 1k +3-6%).
+    # 64/128/256, causal 208/239/201 -> 218/264/228; causal 1k +3-6%). The selector turns
+    # it off from 8k keys, where the zeros cost less than the tickets
+    # (flash4/backward.py, ZEROED_DQ_MIN_SEQLEN_K).
     dq_first_stores: bool = True
     # Non-causal, not deterministic: each key block walks the query blocks from its own
     # start (block n from n * (query blocks // key blocks)), wrapping around, so the key
