@@ -240,8 +240,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # own). At head dims 64 and 128 ptxas serialises every wgmma: C7514 (the next Sᵀ in flight
 # over the loop's back edge) and, with that Sᵀ waited for inside its step, C7512
 # (insufficient registers: dV, dK, dSᵀ and the next Sᵀ live at once); with the exponentials
-# written over the Sᵀ registers instead of P's own, C7514 and C7515: a wgmma accumulator
-# carried from step to step must not be one the softmax writes.
+# written over the Sᵀ registers instead of P's own, C7514 and C7515. With the carried Sᵀ
+# waited for at the top of each step (before dPᵀ is issued): C7512 and 8 bytes spilled (P
+# in its own registers), C7515 (P over Sᵀ), 220 bytes spilled (Sᵀ copied out first). The
+# exponentials reading Sᵀ are what ptxas objects to (without them it compiles clean).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
