@@ -34,11 +34,12 @@ get P = 0; the postprocess (kernels/sm90_bwd_postprocess.py) converts the dQ acc
 to the input dtype, times the softmax scale.
 
 Warp roles: warpgroup 0, warp 0 loads K and V once, then Q and dO of each query block
-into rings, each with its rows' lse_log2 or D; warpgroup 0, warp 1 (the dQ store warp)
-issues the bulk reductions of the dQ parts the consumers hand over and, once the last has
-landed, counts the key block on its head's counter, which the postprocess (launched
-while this grid runs: ``overlap_postprocess``) waits on; warpgroups 1 and 2 are the
-consumers.
+into rings, each with its rows' lse_log2 or D; warpgroup 0, warp 1 (the dQ store warp,
+kernels/dq_store_warp.py) issues the bulk reductions of the dQ parts the consumers hand
+over and, once the last has landed, counts the key block on its head's counter, which the
+postprocess (launched while this grid runs: ``overlap_postprocess``) waits on;
+warpgroups 1 and 2 are the consumers. Which query blocks a key block walks, in what
+order, and which need a mask: kernels/bwd_blocks.py.
 """
 
 from __future__ import annotations
@@ -55,29 +56,19 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..pipelines.global_semaphore import (
-    announce_landed, pass_turn, take_ticket, wait_for_turn, wait_until_landed,
-)
+from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .bulk_reduce import bulk_reduce_add_f32, bulk_store
+from .bwd_blocks import masked_block_end, query_block_at, query_block_range
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
-from .memory_pass import FP32_PER_VECTOR
+from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
-
-# The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
-# consumers hand a written dQ part over and go on instead of waiting for the TMA engine's
-# read (H200 sweep: +1-7%, d256 full 16k 401 -> 431 TFLOP/s). A whole warp takes part in
-# the hand-off barriers; lane 0 issues.
-DQ_STORE_WARP = 1
-# A dQ hand-off barrier counts one consumer warpgroup and the store warp.
-DQ_HANDOFF_THREADS = THREADS_PER_WARPGROUP + THREADS_PER_WARP
 
 
 @dataclass(frozen=True)
@@ -101,20 +92,6 @@ class RowInputs:
 
     lse_log2: cute.Tensor
     delta: cute.Tensor
-
-
-@dataclass(frozen=True)
-class DQReduction:
-    """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
-    the TMA engine adds into this head's accumulator, a part at a time as one linear bulk
-    reduction. The accumulator holds each query block's parts in order, each laid out as
-    in shared memory (``accumulator_tile_layout``; the postprocess reads it so)."""
-
-    smem: cute.Tensor
-    accum: cute.Tensor
-    # This head's counters: deterministic, its turns, one per query block and part; with
-    # dq_first_stores alone, its tickets, one per query block (None otherwise).
-    counters: Optional[cute.Tensor]
 
 
 @dataclass(frozen=True)
@@ -148,72 +125,6 @@ class BackwardOperands:
     sP: Optional[cute.Tensor]
     store_dq: Any
     warpgroup_idx: Int32
-
-
-def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
-    """[first, last) query blocks that see some key of key block ``n_block``.
-
-    Plain integer arithmetic, so the same function runs inside the kernel (on Int32) and in
-    the CPU tests (on ints). Causal: query row i sees keys <= i + seqlen_k - seqlen_q.
-    """
-    m_begin = 0
-    if causal:
-        m_begin = cutlass.max(n_block * tile_n - seqlen_k + seqlen_q, 0) // tile_m
-    return m_begin, cute.ceil_div(seqlen_q, tile_m)
-
-
-def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
-    """The query block that key block ``n_block`` works on at ``step`` of its walk.
-
-    In order, the walk is its query blocks [m_begin, m_end), step == query block. Rotated
-    (``rotate_query_blocks``; non-causal, so m_begin == 0), key block n starts at query
-    block n * (m_end // key_blocks), or n mod m_end when there are fewer query blocks than
-    key blocks, and wraps around: the key blocks of a head run side by side, and in order
-    they would all reach a query block at once, so with ``dq_first_stores`` all but one
-    would wait for that one's store to land. (The start's product stays below
-    max(m_end, key_blocks): no 32-bit overflow at any length.)
-    """
-    m_block = step
-    if rotate:
-        m_block = (step + n_block * cutlass.max(m_end // key_blocks, 1) % m_end) % m_end
-    return m_block
-
-
-def masked_block_end(n_block, m_begin, m_end, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
-    """Query blocks in [m_begin, this) need a mask; the rest see every key of the block.
-
-    A key block that runs past seqlen_k is masked for all its query blocks (the rows of K
-    past the end are zeros, not -inf); otherwise, when causal, the blocks before the first
-    row that sees the block's last key. Branch-free, like ``query_block_range``.
-    """
-    end = m_begin
-    if causal:
-        full_row = (n_block + 1) * tile_n - 1 - seqlen_k + seqlen_q
-        end = cutlass.max(cutlass.min(cute.ceil_div(cutlass.max(full_row, 0), tile_m), m_end), m_begin)
-    # 1 when the block runs past seqlen_k, else 0.
-    past_end = cutlass.min(cutlass.max((n_block + 1) * tile_n - seqlen_k, 0), 1)
-    return end + past_end * (m_end - end)
-
-
-def dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
-    """Key block ``n_block``'s place among the contributors to query block ``m_block``'s dQ
-    in deterministic mode: they add in rank order 0, 1, ...
-
-    Without a mask, every key block walks the query blocks from the first: ranks follow the
-    key blocks. Causal, key block n starts at the query block its first key's rows reach,
-    so the block nearest the diagonal reaches m_block first and block 0 last: ranks run
-    from the last contributing key block down, matching arrival. (The grid then launches
-    the key blocks last to first, so a CTA only ever waits for CTAs launched before it.)
-    Called only for query blocks that ``n_block`` sees, so the division is of a non-negative
-    number. Plain integer arithmetic, like ``query_block_range``.
-    """
-    rank = n_block
-    if causal:
-        last_key_block = cutlass.min(
-            cute.ceil_div(seqlen_k, tile_n) - 1, ((m_block + 1) * tile_m - 1 + seqlen_k - seqlen_q) // tile_n
-        )
-        rank = last_key_block - n_block
-    return rank
 
 
 class Sm90BackwardKernel:
@@ -402,10 +313,10 @@ class Sm90BackwardKernel:
         n_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(mdQReady is not None):
             # The postprocess may be scheduled once every CTA of this grid has started: it
-            # then waits per head (signal_dq_ready), and only takes SMs this grid has left.
+            # then waits per head (DQStoreWarp.signal_ready), and only takes SMs this grid has left.
             cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.config.deterministic and self.causal):
-            # Key blocks last to first (see dq_turn_rank).
+            # Key blocks last to first (see bwd_blocks.dq_turn_rank).
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         kv_ring = make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads)
@@ -436,9 +347,10 @@ class Sm90BackwardKernel:
                 if cutlass.const_expr(mdQCounters is not None):
                     dq_counters = mdQCounters[None, head, batch]
                 dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_counters)
-                self.store_dq(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+                store_warp = DQStoreWarp(self.config, self.rotate)
+                store_warp.run(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
                 if cutlass.const_expr(mdQReady is not None):
-                    self.signal_dq_ready(mdQReady, head, batch)
+                    store_warp.signal_ready(mdQReady, head, batch)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -705,140 +617,13 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def publish_dq(self, ops: BackwardOperands):
-        """Hand the part write_dq wrote over to the store warp (``store_dq``), which issues
-        its bulk reduction; the TMA engine (async proxy) reads what the threads (generic
-        proxy) wrote."""
+        """Hand the part write_dq wrote over to the store warp (kernels/dq_store_warp.py),
+        which issues its bulk reduction; the TMA engine (async proxy) reads what the threads
+        (generic proxy) wrote."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
             barrier_id=int(NamedBarrier.DQ_FULL_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
         )
-
-    @cute.jit
-    def add_dq_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
-                    seqlen_k: Int32, ticket: Optional[Int32]):
-        """One warp (lane 0 issues): the bulk reduction of dQ part ``part`` of query block
-        ``m_block`` into the accumulator, where that part's place is the next
-        ``part_floats`` values after the earlier parts and blocks.
-
-        Deterministic: the contributions to a query block's part go in a fixed order
-        (``dq_turn_rank``), each waiting until the one before has landed, not only been
-        read: a turn counter per part reaches this block's rank when it may go.
-
-        dq_first_stores: the first contribution (rank 0, or the block's ``ticket`` 0, see
-        ``store_dq``) stores instead of adding, into an accumulator nobody zeroed."""
-        parts = self.config.consumer_warpgroups
-        counter = m_block * parts + part
-        lane = cute.arch.lane_idx()
-        first = False
-        if cutlass.const_expr(self.config.deterministic):
-            if lane == 0:
-                rank = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-                wait_for_turn(dq_out.counters.iterator + counter, rank)
-            if cutlass.const_expr(self.config.dq_first_stores):
-                first = dq_turn_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal) == 0
-        elif cutlass.const_expr(self.config.dq_first_stores):
-            first = ticket == 0
-        part_floats = self.tile_m * self.head_dim // parts
-        if lane == 0:
-            smem = dq_out.smem[None, None, part].iterator
-            gmem = dq_out.accum.iterator + (m_block * parts + part) * part_floats
-            part_bytes = part_floats * (Float32.width // 8)
-            if cutlass.const_expr(self.config.dq_first_stores):
-                if first:
-                    bulk_store(smem, gmem, part_bytes)
-                else:
-                    bulk_reduce_add_f32(smem, gmem, part_bytes)
-            else:
-                bulk_reduce_add_f32(smem, gmem, part_bytes)
-        cute.arch.cp_async_bulk_commit_group()
-        if cutlass.const_expr(self.config.deterministic):
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            if lane == 0:
-                pass_turn(dq_out.counters.iterator + counter)
-
-    @cute.jit
-    def take_dq_ticket(self, dq_out: DQReduction, m_block: Int32) -> Int32:
-        """dq_first_stores, not deterministic: this CTA's ticket for query block
-        ``m_block``, every lane holding lane 0's. One ticket covers all parts, so the
-        first holder stores them all and waits for no other CTA between its ticket and its
-        stores (pipelines/global_semaphore.py); with a ticket per part, two CTAs each first
-        on one part could each wait for the other's. Taken before the warpgroups hand the
-        parts over, so the atomic's round trip overlaps their GEMMs."""
-        ticket = Int32(0)
-        if cute.arch.lane_idx() == 0:
-            ticket = take_ticket(dq_out.counters.iterator + m_block)
-        return cute.arch.shuffle_sync(ticket, 0)
-
-    @cute.jit
-    def zero_unseen_dq(self, dq_out: DQReduction, m_blocks: Int32):
-        """dq_first_stores, causal, seqlen_q > seqlen_k: query blocks [0, ``m_blocks``) see
-        no key at all, so no CTA stores their dQ, and nothing zeroed the accumulator. Key
-        block 0's store warp (m_blocks is where its query blocks start) stores their zeros."""
-        floats = m_blocks * self.tile_m * self.head_dim
-        vectors = floats // FP32_PER_VECTOR
-        flat = cute.make_tensor(dq_out.accum.iterator, cute.make_layout(floats))
-        zeros = cute.make_rmem_tensor(cute.make_layout(FP32_PER_VECTOR), Float32)
-        zeros.fill(0.0)
-        lane = cute.arch.lane_idx()
-        for i in cutlass.range(cute.ceil_div(vectors, THREADS_PER_WARP), unroll=1):
-            vector = i * THREADS_PER_WARP + lane
-            if vector < vectors:
-                cute.autovec_copy(zeros, cute.local_tile(flat, (FP32_PER_VECTOR,), (vector,)))
-        # Every lane's stores come before lane 0's release in signal_dq_ready.
-        cute.arch.sync_warp()
-
-    @cute.jit
-    def store_dq(self, dq_out: DQReduction, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32,
-                 m_end: Int32):
-        """The dQ store warp: per query block and part, wait until the
-        warpgroup has written its part, add (or first store) it into the accumulator, and
-        once the TMA engine has read every part, let the warpgroups write the next block's.
-        The first block's parts are free from the start; after the last, nothing waits for
-        them, so the last read is awaited only for shared memory to outlive it."""
-        parts = self.config.consumer_warpgroups
-        tickets_taken = self.config.dq_first_stores and not self.config.deterministic
-        lane = cute.arch.lane_idx()
-        if cutlass.const_expr(self.config.dq_first_stores and self.causal):
-            if n_block == 0:
-                self.zero_unseen_dq(dq_out, m_begin)
-        if m_begin < m_end:
-            for part in cutlass.range_constexpr(parts):
-                cute.arch.barrier_arrive(
-                    barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
-                )
-        key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
-        for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
-            ticket = None
-            if cutlass.const_expr(tickets_taken):
-                ticket = self.take_dq_ticket(dq_out, m_block)
-            for part in cutlass.range_constexpr(parts):
-                cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
-                if cutlass.const_expr(tickets_taken and part == 0):
-                    # A later ticket adds once the first holder's stores have landed.
-                    if lane == 0 and ticket != 0:
-                        wait_until_landed(dq_out.counters.iterator + m_block)
-                self.add_dq_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket)
-            if cutlass.const_expr(tickets_taken):
-                if ticket == 0:
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    if lane == 0:
-                        announce_landed(dq_out.counters.iterator + m_block)
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if step + 1 < m_end:
-                for part in cutlass.range_constexpr(parts):
-                    cute.arch.barrier_arrive(
-                        barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
-                    )
-
-    @cute.jit
-    def signal_dq_ready(self, ready: cute.Tensor, head: Int32, batch: Int32):
-        """The store warp, after its last reduction: once every addition of this key block
-        into dQ has landed (not only been read from shared memory), count it for the
-        head's postprocess. A CTA without query blocks counts too."""
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
-        if cute.arch.lane_idx() == 0:
-            pass_turn(ready.iterator + cute.crd2idx((batch, head), ready.layout))
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

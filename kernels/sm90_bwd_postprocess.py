@@ -17,7 +17,7 @@ a row, so the stores are coalesced and the loads read whole 16-byte units of one
 With ``overlap`` the postprocess is a programmatic dependent of the main kernel: it may
 start once every CTA of the main grid has, on the SMs that grid's last wave leaves idle.
 A CTA first waits until its head's counter shows every key block's dQ landed (the main
-kernel's ``signal_dq_ready``), not for the whole grid; its memory pass is the same.
+store warp's ``signal_ready``), not for the whole grid; its memory pass is the same.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Sm90BackwardPostprocess:
         mAccum: cute.Tensor,  # (batch, heads, padded seqlen_q * head_dim), float32, tiled
         mdQ: cute.Tensor,  # (batch, seqlen_q, heads, head_dim), 16-bit
         # overlap: per (batch, head), how many key blocks' dQ have landed (the main
-        # kernel's signal_dq_ready), and how many there are.
+        # store warp's signal_ready), and how many there are.
         mReady: cute.Tensor,  # (batch, heads), int32
         key_blocks: Int32,
         softmax_scale: Float32,

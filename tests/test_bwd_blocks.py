@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.sm90_bwd import dq_turn_rank, masked_block_end, query_block_at, query_block_range
+from flash4.kernels.bwd_blocks import dq_turn_rank, masked_block_end, query_block_at, query_block_range
 
 
 
