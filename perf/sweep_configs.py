@@ -20,7 +20,8 @@ smallest difference a candidate must beat. In every two-candidate backward sweep
 2026-11-30 at seqlen 16k, one provider's second round ran 10-20% slower than its first,
 whichever configuration stood there: the first provider on unmasked shapes, the second on
 causal ones (where each call takes half as long), i.e. at about the same time into the
-shape. With two rounds the median is their mean and carries half of that; keep three.
+shape. With two rounds the median is their mean and carries half of that; keep three,
+and read each provider's fastest round (perf/read_rounds.py).
 """
 
 from __future__ import annotations
