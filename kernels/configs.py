@@ -103,12 +103,6 @@ class Sm90ForwardConfig:
     # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
     # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
     q_in_registers: bool = False
-    # Each key block's wait for the P V GEMM it issued, O's rescale and P's conversion
-    # moved to the top of the next block's step, so the block's exponentials overlap that
-    # GEMM: ptxas otherwise puts the wait (and P's conversions into the registers P V
-    # reads) before the first of them (ncu, head dim 128 full 8k: 8% of the loop's stall
-    # samples on it). 16-bit only.
-    deferred_pv_wait: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -156,8 +150,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
-        if self.deferred_pv_wait and self.fp8:
-            raise ValueError("deferred_pv_wait=True: the 16-bit kernel only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.o_store_per_warpgroup and self.o_in_q_buffer:

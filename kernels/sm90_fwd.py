@@ -639,36 +639,17 @@ class Sm90ForwardKernel:
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
-        if cutlass.const_expr(self.config.deferred_pv_wait):
-            # P (fp32, in acc_s) and O's factor wait for the next step, or the end, to land.
-            pending_scale = softmax.update(acc_s, block, is_first=True, masked=True)
-        else:
-            softmax.update(acc_s, block, is_first=True, masked=True)
-            self.store_p(acc_s, ops.p)
+        softmax.update(acc_s, block, is_first=True, masked=True)
+        self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
         masked_count = cutlass.max(n_block - self.unmasked_block_end(tile), 0)
-        if cutlass.const_expr(self.config.deferred_pv_wait):
-            last_block = tile.n_block_max - 1
-            v_pending = state.clone()
-            for i in cutlass.range(masked_count, unroll=1):
-                n_block -= 1
-                state, v_pending = self.deferred_step(
-                    ops, rings, state, v_pending, acc_s, pending_scale, softmax, pingpong, tile, n_block, True
-                )
-            for i in cutlass.range(n_block, unroll=1):
-                n_block -= 1
-                state, v_pending = self.deferred_step(
-                    ops, rings, state, v_pending, acc_s, pending_scale, softmax, pingpong, tile, n_block, False
-                )
-            self.land_pending_block(ops, rings, v_pending, last_block > 0, acc_s, pending_scale, softmax)
-        else:
-            for i in cutlass.range(masked_count, unroll=1):
-                n_block -= 1
-                state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
-            for i in cutlass.range(n_block, unroll=1):
-                n_block -= 1
-                state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
+        for i in cutlass.range(masked_count, unroll=1):
+            n_block -= 1
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
+        for i in cutlass.range(n_block, unroll=1):
+            n_block -= 1
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
         if cutlass.const_expr(not self.q_freed_by_store and not self.config.q_in_registers):
             # Every S GEMM has completed: Q's buffer can take the next tile's Q.
@@ -721,72 +702,13 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(self.sums_on_tensor_cores):
             # The sums of the P that this P V read, then this block's factor, as O gets.
             softmax.add_tensor_core_sums(ops.row_sums.acc, row_scale)
-        self.rescale_o_and_store_p(ops, softmax, acc_s, row_scale)
-        return state
-
-    @cute.jit
-    def rescale_o_and_store_p(
-        self, ops: ConsumerOperands, softmax: OnlineSoftmax, acc_s: cute.Tensor, row_scale: cute.Tensor
-    ) -> None:
-        """O times the block's factors, and its probabilities into P's registers (the P V
-        reading the previous P has completed), in the configured order."""
         if cutlass.const_expr(self.config.p_before_rescale):
             self.store_p(acc_s, ops.p)
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
         else:
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
             self.store_p(acc_s, ops.p)
-
-    @cute.jit
-    def land_pending_block(
-        self, ops: ConsumerOperands, rings: Rings, v_pending, pv_in_flight, acc_s: cute.Tensor,
-        pending_scale: cute.Tensor, softmax: OnlineSoftmax,
-    ) -> None:
-        """deferred_pv_wait: complete the P V in flight (if ``pv_in_flight``) and release its V
-        slot ``v_pending``, then O's rescale and P's conversion for the block whose softmax
-        ran last."""
-        warpgroup.wait_group(0)
-        if pv_in_flight:
-            rings.v.consumer_release(v_pending)
-        self.rescale_o_and_store_p(ops, softmax, acc_s, pending_scale)
-
-    @cute.jit
-    def deferred_step(
-        self,
-        ops: ConsumerOperands,
-        rings: Rings,
-        state,
-        v_pending,
-        acc_s: cute.Tensor,
-        pending_scale: cute.Tensor,
-        softmax: OnlineSoftmax,
-        pingpong: WarpgroupPingPong,
-        tile: Tile,
-        n_block: Int32,
-        masked: cutlass.Constexpr[bool],
-    ):
-        """``step`` with the P V it issues left in flight to the next step's top, so that
-        this block's exponentials overlap it."""
-        self.land_pending_block(
-            ops, rings, v_pending, n_block < tile.n_block_max - 2, acc_s, pending_scale, softmax
-        )
-        v_state = state.clone()
-        state.advance()
-        rings.k.consumer_wait(state)
-        if cutlass.const_expr(self.pingpong):
-            pingpong.wait_turn()
-        warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
-        rings.v.consumer_wait(v_state)
-        self.pv_gemm(ops, v_state.index)
-        if cutlass.const_expr(self.pingpong):
-            pingpong.pass_turn()
-        block = softmax.block_inputs(n_block)
-        warpgroup.wait_group(1)
-        rings.k.consumer_release(state)
-        if cutlass.const_expr(masked):
-            self.mask(acc_s, ops, tile, n_block)
-        pending_scale.store(softmax.update(acc_s, block, is_first=False, masked=masked).load())
-        return state, v_state
+        return state
 
     @cute.jit
     def pv_gemm(self, ops: ConsumerOperands, v_index) -> None:

@@ -75,7 +75,15 @@ from flash4.interface import LOG2_E, device_sms
 # every exponential at head dims 64 and 128 (ncu, d128 full 8k: 7% of the loop's stall
 # samples on it); behind the back edge the exponentials do overlap P V, yet d128 full
 # 509/564/635/654 -> 485/542/595/601, causal 343/443/578/621 -> 327/423/551/596, d64 full
-# 363/414/496/530 -> 336/388/476/513; d256 within 1%.
+# 363/414/496/530 -> 336/388/476/513; d256 within 1%. Rebuilt and measured again
+# (2026-11-30, three rounds, --control, 1k / 4k / 16k; -fwd-sweep-deferred-pv-wait-clean.json;
+# 36 GPU tests bit-identical to the table's kernels) after ptxas's C7514 was counted as a
+# serialised wgmma, which the first run might have hidden: it compiles clean (no C75xx
+# remark, the same 168 registers, SASS: the wait at the step's top, all 66 MUFU.EX2 after
+# the S wait) and still loses: d128 full 587/639/658 -> 560/588/617, causal 473/582/631 ->
+# 457/567/608; d64 full 433/507/536 -> 411/487/517, causal 330/444/499 -> 319/432/491.
+# The exponentials running beside the RS P V GEMM slow it: that wgmma reads P from the
+# warp's own registers, so ptxas parking the warp on the wait while it runs is no accident.
 # Lost (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-one-tile-long.json): one tile
 # per CTA (one Q slot) at head dims 64 and 128 on long sequences, where ncu (d128 full 8k)
 # showed the persistent grid idle at its end 1.7% of the time against flash-attn-4's 1.0%:
@@ -116,9 +124,7 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(deferred_pv_wait=True)], 128: [dict(), dict(deferred_pv_wait=True)], 256: [dict()]
-}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -295,9 +301,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(deferred_pv_wait=True)], 128: [dict(), dict(deferred_pv_wait=True)], 256: [dict()]
-}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
