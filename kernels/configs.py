@@ -272,12 +272,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # Head-dim split: warpgroup 0 computes all of the block's Sᵀ and P, warpgroup 1 all of
-    # dPᵀ and (with P read back from shared memory) dS, instead of each computing both for
-    # half the queries. Halved, N = tile_m / 2 = 32: a 64x32x16 SS wgmma reads 3 KB of
-    # shared memory for 16 clocks of tensor work (192 bytes a clock, over the 128 shared
-    # memory serves), a 64x64x16 one 4 KB for 32 (128).
-    sdp_gemm_per_warpgroup: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -324,12 +318,6 @@ class Sm90BackwardConfig:
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
         rows_per_split = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS
-        if self.sdp_gemm_per_warpgroup and not (self.head_dim_split and self.tile_m == ROWS_PER_CONSUMER_WARPGROUP):
-            raise ValueError(
-                f"sdp_gemm_per_warpgroup=True: only with head_dim_split and tile_m={ROWS_PER_CONSUMER_WARPGROUP} "
-                f"(one warpgroup's Sᵀ or dPᵀ of all queries); got head_dim_split={self.head_dim_split}, "
-                f"tile_m={self.tile_m}"
-            )
         if self.dq_rows and (self.head_dim_split or self.tile_m != rows_per_split):
             raise ValueError(
                 f"dq_rows=True: each warpgroup takes 64 query rows, so tile_m={rows_per_split} "

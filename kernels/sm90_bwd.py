@@ -123,8 +123,6 @@ class BackwardOperands:
     sdS: cute.Tensor
     # The head-dim split's Pᵀ in shared memory (None otherwise).
     sP: Optional[cute.Tensor]
-    # sdp_gemm_per_warpgroup: warpgroup 1's loads of P from sP, in its accumulator's layout.
-    load_p: Any
     store_dq: Any
     warpgroup_idx: Int32
 
@@ -181,9 +179,6 @@ class Sm90BackwardKernel:
             # Both warpgroups on the same 64 keys: Sᵀ and dPᵀ split by queries, dV and dK by
             # head-dim columns, with Pᵀ and dSᵀ read from shared memory.
             sdp_atoms, sdp_tile = (1, wgs, 1), (rows, self.tile_m // wgs)
-            if cutlass.const_expr(self.config.sdp_gemm_per_warpgroup):
-                # One warpgroup's GEMM over all the queries: Sᵀ in warpgroup 0, dPᵀ in 1.
-                sdp_atoms, sdp_tile = (1, 1, 1), (rows, self.tile_m)
             dkv_atoms, dkv_tile, dkv_a = (1, wgs, 1), (rows, self.head_dim // wgs), warpgroup.OperandSource.SMEM
         else:
             # 64 keys per warpgroup: Pᵀ and dSᵀ stay in the registers that computed them.
@@ -450,11 +445,7 @@ class Sm90BackwardKernel:
     ) -> BackwardOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
-        roles = self.config.sdp_gemm_per_warpgroup
-        # With one warpgroup's Sᵀ or dPᵀ GEMM (sdp_gemm_per_warpgroup) both warpgroups take
-        # its one slice, thread for thread.
-        sdp_thread = tidx % THREADS_PER_WARPGROUP if roles else tidx
-        wg_sdp = tiled_mma_sdp.get_slice(0 if roles else wg_threads(warpgroup_idx))
+        wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
         wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
@@ -486,16 +477,12 @@ class Sm90BackwardKernel:
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
             acc_dk=acc_dk,
-            st_coords=tiled_mma_sdp.get_slice(sdp_thread).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
+            st_coords=tiled_mma_sdp.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
             store_ds=cute.make_tiled_copy_C(
                 sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), tiled_mma_sdp
-            ).get_slice(sdp_thread),
+            ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent 16-bit columns as one 4-byte load.
-            load_p=cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32), tiled_mma_sdp
-            ).get_slice(sdp_thread) if roles else None,
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
@@ -523,11 +510,7 @@ class Sm90BackwardKernel:
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
         ``ds_stage``: the dSᵀ buffer, taking turns by step (not by query block, which a
         rotated walk wraps)."""
-        if cutlass.const_expr(self.config.sdp_gemm_per_warpgroup):
-            self.p_and_ds_by_role(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage,
-                                  scale_log2, masked)
-        else:
-            self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked)
+        self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
@@ -633,52 +616,6 @@ class Sm90BackwardKernel:
             cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
-
-    @cute.jit
-    def p_and_ds_by_role(
-        self, ops: BackwardOperands, q_ring, do_ring, q_state, do_state, rows: RowInputs, block: KeyBlock,
-        m_block: Int32, ds_stage: Int32, scale_log2: Float32, masked: cutlass.Constexpr[bool],
-    ):
-        """sdp_gemm_per_warpgroup: warpgroup 0 computes Sᵀ and Pᵀ of all the block's queries,
-        warpgroup 1 dPᵀ and, once Pᵀ is in shared memory, dSᵀ = Pᵀ ∘ (dPᵀ − D) from it (the
-        16-bit P that the dV GEMM reads too). Both tiles end in shared memory."""
-        acc = cute.make_rmem_tensor(ops.st_shape, Float32)
-        packed = cute.make_rmem_tensor_like(acc, self.dtype)
-        if ops.warpgroup_idx == 0:
-            q_ring.consumer_wait(q_state)
-            warpgroup_gemm(ops.tiled_mma_sdp, acc, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
-            warpgroup.wait_group(0)
-            self.probabilities(ops, acc, rows, q_state, block, m_block, scale_log2, masked)
-            convert_packed(acc, packed)
-            cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(ops.sP[None, None, ds_stage]))
-            cute.arch.fence_view_async_shared()
-        else:
-            do_ring.consumer_wait(do_state)
-            warpgroup_gemm(ops.tiled_mma_sdp, acc, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
-            warpgroup.wait_group(0)
-            c = acc_rows_cols(ops.st_coords)
-            dpt = acc_rows_cols(acc)
-            for j in cutlass.range_constexpr(cute.size(c, mode=[1])):
-                delta_j = rows.delta[c[0, j][1], do_state.index]
-                for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
-                    dpt[i, j] = dpt[i, j] - delta_j
-        # Pᵀ written (warpgroup 0) before warpgroup 1 reads it back.
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
-        if ops.warpgroup_idx != 0:
-            cute.copy(ops.load_p, ops.load_p.partition_S(ops.sP[None, None, ds_stage]), ops.load_p.retile(packed))
-            p = packed.load().to(Float32)
-            acc.store(p * acc.load())
-            convert_packed(acc, packed)
-            cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
-            # The wgmmas (async proxy) read what stmatrix (generic proxy) wrote.
-            cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
-        # Both rings were waited for by one warpgroup each; the dK and dV GEMMs of both
-        # read Q and dO.
-        if ops.warpgroup_idx == 0:
-            do_ring.consumer_wait(do_state)
-        else:
-            q_ring.consumer_wait(q_state)
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):

@@ -253,11 +253,21 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # waited for at the top of each step (before dPᵀ is issued): C7512 and 8 bytes spilled (P
 # in its own registers), C7515 (P over Sᵀ), 220 bytes spilled (Sᵀ copied out first). The
 # exponentials reading Sᵀ are what ptxas objects to (without them it compiles clean).
+# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k;
+# -bwd-sweep-sdp-gemm-per-warpgroup.json; 104 GPU tests passed): at head dim 256, warpgroup 0
+# computing Sᵀ and P of all 64 queries and warpgroup 1 dPᵀ and dS (from the 16-bit P read
+# back from shared memory), instead of each both for 32 queries. Halved, Sᵀ and dPᵀ are
+# 64x32x16 SS wgmmas, 3 KB of shared memory per 16 tensor clocks (192 bytes a clock, over
+# the 128 it serves); whole, 64x64x16 at 128. By a count of bytes (wgmma operands, TMA
+# writes, dQ's tile in and out) the kernel would be shared-memory bound and gain ~10%.
+# Faster rounds, full 388/441/464 -> 380/446/471, causal 317/418/464 -> 312/419/475: 1-2%
+# at 16k, a loss at 1k, and dq's largest distance to SDPA 2-3x larger (P rounded before
+# dS). Shared memory's bandwidth does not bind at 256 either; the tensor pipe idles while
+# both warpgroups compute P and dS and write dQ, in step.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
-BACKWARD_CANDIDATES[256] = [dict(), dict(sdp_gemm_per_warpgroup=True)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

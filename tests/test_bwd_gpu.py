@@ -80,22 +80,6 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
     _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, dtype)
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS + ((333, 8209),))
-@pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 1)), ids=("mha", "mqa"))
-def test_sdp_gemm_per_warpgroup_candidate_matches_reference(causal, dtype, seqlen_q, seqlen_k, heads, kv_heads):
-    # Head dim 256 with Sᵀ and P in one warpgroup and dPᵀ and dS in the other, dS from the
-    # 16-bit P read back from shared memory; 8209 keys take the zeroed accumulator.
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = backward_config(256, causal, heads != kv_heads, seqlen_k=seqlen_k)
-    config = dataclasses.replace(config, sdp_gemm_per_warpgroup=True)
-    _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, 256, causal, dtype, config)
-
-
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
