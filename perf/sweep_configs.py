@@ -84,6 +84,13 @@ from flash4.interface import LOG2_E, device_sms
 # 457/567/608; d64 full 433/507/536 -> 411/487/517, causal 330/444/499 -> 319/432/491.
 # The exponentials running beside the RS P V GEMM slow it: that wgmma reads P from the
 # warp's own registers, so ptxas parking the warp on the wait while it runs is no accident.
+# Probe, not a candidate (2026-11-30, three rounds, --control, 1k / 4k / 16k;
+# -fwd-probe-exps-before-pv-wait.json): the same schedule got another way, both rows' max
+# first and O's factor from the scaled max divided back (a MUFU.RCP on its path), after
+# which ptxas runs 40 of the 66 exponentials before the P V wait instead of 6 (30 more
+# instructions a block). d128 full 578/634/644 -> 554/598/620, causal 450/575/625 ->
+# 440/554/606; d64 full 424/502/524 -> 370/421/497, causal 328/437/493 -> 314/363/464.
+# flash-attn-4's loop (perf/peer_sass.py) runs 10 there.
 # Lost (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-one-tile-long.json): one tile
 # per CTA (one Q slot) at head dims 64 and 128 on long sequences, where ncu (d128 full 8k)
 # showed the persistent grid idle at its end 1.7% of the time against flash-attn-4's 1.0%:
