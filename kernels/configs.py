@@ -272,11 +272,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # Split by keys: the dK GEMM reads dSᵀ from its shared-memory tile (SS), where the dQ
-    # GEMM reads it too, not from the registers that computed it (RS): an RS wgmma reads its
-    # A operand from the warp's registers while it runs, beside dQ's stores from the same
-    # warp.
-    dk_from_smem: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

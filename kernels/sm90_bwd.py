@@ -123,10 +123,6 @@ class BackwardOperands:
     sdS: cute.Tensor
     # The head-dim split's Pᵀ in shared memory (None otherwise).
     sP: Optional[cute.Tensor]
-    # The dK GEMM and its A operand: dSᵀ in registers (``dst``), or (head-dim split,
-    # dk_from_smem) its staged tile in shared memory.
-    tiled_mma_dk: cute.TiledMma
-    dk_a: cute.Tensor
     store_dq: Any
     warpgroup_idx: Int32
 
@@ -452,17 +448,6 @@ class Sm90BackwardKernel:
         wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
-        dst = wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m)))
-        tiled_mma_dk, dk_a = tiled_mma_dkv, dst
-        if cutlass.const_expr(self.config.dk_from_smem and not self.split):
-            # The same GEMM with dSᵀ read from the tile that the dQ GEMM reads too.
-            tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-                (self.config.consumer_warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, d),
-                a_source=warpgroup.OperandSource.SMEM,
-            )
-            wg_dk = tiled_mma_dk.get_slice(wg_threads(warpgroup_idx))
-            dk_a = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
         wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
         # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
         # queries contiguous): the same swizzled bytes in another index order.
@@ -489,7 +474,7 @@ class Sm90BackwardKernel:
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
             dq_shape=wg_dq.partition_shape_C((tile_m, d)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
-            dst=dst,
+            dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
             acc_dk=acc_dk,
             st_coords=tiled_mma_sdp.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_n, tile_m))),
@@ -498,8 +483,6 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            tiled_mma_dk=tiled_mma_dk,
-            dk_a=dk_a,
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
@@ -551,8 +534,7 @@ class Sm90BackwardKernel:
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
             warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
-            dk_a = ops.dk_a[None, None, None, ds_stage] if cutlass.const_expr(self.config.dk_from_smem) else ops.dk_a
-            warpgroup_gemm(ops.tiled_mma_dk, ops.acc_dk, dk_a, ops.tdKrQ[None, None, None, q_state.index], False)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)

@@ -271,11 +271,17 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # at 16k, a loss at 1k, and dq's largest distance to SDPA 2-3x larger (P rounded before
 # dS). Shared memory's bandwidth does not bind at 256 either; the tensor pipe idles while
 # both warpgroups compute P and dS and write dQ, in step.
+# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -bwd-sweep-dk-from-smem.json;
+# 208 GPU tests passed): the key split's dK GEMM reading dSᵀ from its shared-memory tile
+# (SS) instead of the registers that computed it (RS), so that no RS wgmma runs beside the
+# warp's dQ stores (the forward's lesson above). Faster rounds, d128 full 513/574/604 ->
+# 482/555/589, causal 385/523/604 -> 370/513/583; d64 full 433/512/544 -> 415/498/518,
+# causal 323/469/539 -> 317/458/519. The 8 KB more of shared-memory reads a block cost
+# more than any such contention.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
-BACKWARD_CANDIDATES[64] = BACKWARD_CANDIDATES[128] = [dict(), dict(dk_from_smem=True)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and

@@ -80,23 +80,6 @@ def test_backward_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k,
     _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, dtype)
 
 
-@pytest.mark.parametrize("head_dim", (64, 128))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS + ((333, 8209),))
-@pytest.mark.parametrize("heads,kv_heads", ((3, 3), (4, 1)), ids=("mha", "mqa"))
-def test_dk_from_smem_candidate_matches_reference(head_dim, causal, dtype, seqlen_q, seqlen_k, heads, kv_heads):
-    # The dK GEMM with dSᵀ read from its shared-memory tile; 8209 keys take the zeroed
-    # accumulator.
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = backward_config(head_dim, causal, heads != kv_heads, seqlen_k=seqlen_k)
-    config = dataclasses.replace(config, dk_from_smem=True)
-    _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, dtype, config)
-
-
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
