@@ -103,11 +103,6 @@ class Sm90ForwardConfig:
     # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
     # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
     q_in_registers: bool = False
-    # O's rescale by each block's factors done in the next block's step, while its S GEMM
-    # runs and before its P V is issued (the factors carried in registers), instead of
-    # after the block's last exponential, where its FMULs (64 a thread at head dim 128)
-    # delay the next S GEMM's issue. 16-bit only.
-    rescale_o_before_pv: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -155,8 +150,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
-        if self.rescale_o_before_pv and self.fp8:
-            raise ValueError("rescale_o_before_pv=True: the 16-bit kernel only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
             raise ValueError("fp8_v_per_tensor=True: only with fp8=True")
         if self.o_store_per_warpgroup and self.o_in_q_buffer:

@@ -639,26 +639,23 @@ class Sm90ForwardKernel:
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         self.mask(acc_s, ops, tile, n_block)
-        # rescale_o_before_pv: each block's factors wait for the next block's P V (ones here).
-        pending_scale = softmax.update(acc_s, block, is_first=True, masked=True)
+        softmax.update(acc_s, block, is_first=True, masked=True)
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
         masked_count = cutlass.max(n_block - self.unmasked_block_end(tile), 0)
         for i in cutlass.range(masked_count, unroll=1):
             n_block -= 1
-            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True, pending_scale)
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
         for i in cutlass.range(n_block, unroll=1):
             n_block -= 1
-            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False, pending_scale)
+            state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
         if cutlass.const_expr(not self.q_freed_by_store and not self.config.q_in_registers):
             # Every S GEMM has completed: Q's buffer can take the next tile's Q.
             rings.q.consumer_release(q_state)
             q_state.advance()
         # The last block's P V.
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            softmax.rescale(ops.acc_o, pending_scale, self.config.rescale_when_needed)
         rings.v.consumer_wait(state)
         self.pv_gemm(ops, state.index)
         warpgroup.wait_group(0)
@@ -680,11 +677,8 @@ class Sm90ForwardKernel:
         tile: Tile,
         n_block: Int32,
         masked: cutlass.Constexpr[bool],
-        pending_scale: cute.Tensor,
     ):
-        """One key block: S for block ``n_block`` overlapped with P V of the block before.
-        ``pending_scale``: rescale_o_before_pv's factors of the block before, for O before
-        that P V; this block's replace them."""
+        """One key block: S for block ``n_block`` overlapped with P V of the block before."""
         v_state = state.clone()
         state.advance()
         rings.k.consumer_wait(state)
@@ -692,9 +686,6 @@ class Sm90ForwardKernel:
             pingpong.wait_turn()
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            # While the S GEMM runs: O is not in flight (its last P V completed last step).
-            softmax.rescale(ops.acc_o, pending_scale, self.config.rescale_when_needed)
         rings.v.consumer_wait(v_state)
         self.pv_gemm(ops, v_state.index)
         if cutlass.const_expr(self.pingpong):
@@ -711,10 +702,7 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(self.sums_on_tensor_cores):
             # The sums of the P that this P V read, then this block's factor, as O gets.
             softmax.add_tensor_core_sums(ops.row_sums.acc, row_scale)
-        if cutlass.const_expr(self.config.rescale_o_before_pv):
-            self.store_p(acc_s, ops.p)
-            pending_scale.store(row_scale.load())
-        elif cutlass.const_expr(self.config.p_before_rescale):
+        if cutlass.const_expr(self.config.p_before_rescale):
             self.store_p(acc_s, ops.p)
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
         else:

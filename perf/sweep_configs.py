@@ -91,6 +91,14 @@ from flash4.interface import LOG2_E, device_sms
 # instructions a block). d128 full 578/634/644 -> 554/598/620, causal 450/575/625 ->
 # 440/554/606; d64 full 424/502/524 -> 370/421/497, causal 328/437/493 -> 314/363/464.
 # flash-attn-4's loop (perf/peer_sass.py) runs 10 there.
+# Not taken (2026-11-30, three rounds, --control, 1k / 4k / 16k;
+# -fwd-sweep-rescale-o-before-pv.json; 42 GPU tests against the reference passed): O's
+# rescale by a block's factors moved into the next step, between its S and P V issues (as
+# flash-attn-4 does above head dim 128), so that its FMULs (64 a thread at 128) leave the
+# step's tail; ptxas then puts them among the S wgmmas and waits for P V before every
+# exponential. Faster rounds against the better of the table's two: d128 full
+# 631/659/658 -> 591/642/661, causal 473/593/646 -> 469/583/629; d256 full 604/701/725
+# -> 586/677/717, causal 473/639/706 -> 462/625/696; d64 within 1-2%, lower.
 # Lost (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-one-tile-long.json): one tile
 # per CTA (one Q slot) at head dims 64 and 128 on long sequences, where ncu (d128 full 8k)
 # showed the persistent grid idle at its end 1.7% of the time against flash-attn-4's 1.0%:
@@ -131,9 +139,7 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(rescale_o_before_pv=True)] for hdim in (64, 128, 256)
-}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -328,9 +334,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(rescale_o_before_pv=True)] for hdim in (64, 128, 256)
-}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

@@ -358,14 +358,3 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
-
-
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1, 1), (1000, 1000), (1100, 700), (17, 1000), (1000, 17), (300, 200), (3000, 3000))
-)
-def test_rescale_o_before_pv_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k):
-    # O's rescale moved into the next block's step (rescale_o_before_pv): tiles of one key
-    # block (the factors only reach the last P V), two, many, and none.
-    _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, rescale_o_before_pv=True)
