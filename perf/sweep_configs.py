@@ -286,11 +286,14 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 482/555/589, causal 385/523/604 -> 370/513/583; d64 full 433/512/544 -> 415/498/518,
 # causal 323/469/539 -> 317/458/519. The 8 KB more of shared-memory reads a block cost
 # more than any such contention.
+# Tied (2026-11-30, three rounds, --control, 1k / 4k / 16k; -bwd-sweep-three-stages.json;
+# 52 GPU tests passed): three Q and three dO stages at head dim 128 (226.5 of the 227 KiB),
+# each query block's tiles loaded two blocks ahead. Faster rounds, full 514/570/604 ->
+# 480/566/602, causal 392/519/600 -> 371/522/599: the loads are not late.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
-BACKWARD_CANDIDATES[128] = [dict(), dict(q_stages=3, do_stages=3)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
