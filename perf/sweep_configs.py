@@ -82,8 +82,9 @@ from flash4.interface import LOG2_E, device_sms
 # remark, the same 168 registers, SASS: the wait at the step's top, all 66 MUFU.EX2 after
 # the S wait) and still loses: d128 full 587/639/658 -> 560/588/617, causal 473/582/631 ->
 # 457/567/608; d64 full 433/507/536 -> 411/487/517, causal 330/444/499 -> 319/432/491.
-# The exponentials running beside the RS P V GEMM slow it: that wgmma reads P from the
-# warp's own registers, so ptxas parking the warp on the wait while it runs is no accident.
+# A reading, not shown: the exponentials running beside the RS P V GEMM slow it (that
+# wgmma reads P from the warp's own registers while it runs); ptxas parks the warp on the
+# wait instead. (The backward's dK from shared memory, below, did not bear it out there.)
 # Probe, not a candidate (2026-11-30, three rounds, --control, 1k / 4k / 16k;
 # -fwd-probe-exps-before-pv-wait.json): the same schedule got another way, both rows' max
 # first and O's factor from the scaled max divided back (a MUFU.RCP on its path), after
@@ -282,7 +283,7 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -bwd-sweep-dk-from-smem.json;
 # 208 GPU tests passed): the key split's dK GEMM reading dSᵀ from its shared-memory tile
 # (SS) instead of the registers that computed it (RS), so that no RS wgmma runs beside the
-# warp's dQ stores (the forward's lesson above). Faster rounds, d128 full 513/574/604 ->
+# warp's dQ stores (the forward's reading above). Faster rounds, d128 full 513/574/604 ->
 # 482/555/589, causal 385/523/604 -> 370/513/583; d64 full 433/512/544 -> 415/498/518,
 # causal 323/469/539 -> 317/458/519. The 8 KB more of shared-memory reads a block cost
 # more than any such contention.
