@@ -80,7 +80,7 @@ from flash4.interface import LOG2_E, device_sms
 # 36 GPU tests bit-identical to the table's kernels) after ptxas's C7514 was counted as a
 # serialised wgmma, which the first run might have hidden: it compiles clean (no C75xx
 # remark, the same 168 registers, SASS: the wait at the step's top, all 66 MUFU.EX2 after
-# the S wait) and still loses: d128 full 587/639/658 -> 560/588/617, causal 473/582/631 ->
+# the S wait) and still loses (medians): d128 full 587/639/658 -> 560/588/617, causal 473/582/631 ->
 # 457/567/608; d64 full 433/507/536 -> 411/487/517, causal 330/444/499 -> 319/432/491.
 # A reading, not shown: the exponentials running beside the RS P V GEMM slow it (that
 # wgmma reads P from the warp's own registers while it runs); ptxas parks the warp on the
@@ -89,7 +89,7 @@ from flash4.interface import LOG2_E, device_sms
 # -fwd-probe-exps-before-pv-wait.json): the same schedule got another way, both rows' max
 # first and O's factor from the scaled max divided back (a MUFU.RCP on its path), after
 # which ptxas runs 40 of the 66 exponentials before the P V wait instead of 6 (30 more
-# instructions a block). d128 full 578/634/644 -> 554/598/620, causal 450/575/625 ->
+# instructions a block). Medians: d128 full 578/634/644 -> 554/598/620, causal 450/575/625 ->
 # 440/554/606; d64 full 424/502/524 -> 370/421/497, causal 328/437/493 -> 314/363/464.
 # flash-attn-4's loop (perf/peer_sass.py) runs 10 there.
 # Not taken (2026-11-30, three rounds, --control, 1k / 4k / 16k;
