@@ -295,6 +295,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
+BACKWARD_CANDIDATES[128] = [dict(), dict(dv_before_dp_wait=True), dict(dv_after_ds_store=True)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
