@@ -272,12 +272,6 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
-    # Candidate: the dV GEMM (keys split) issued after dSᵀ's stmatrix, not before it, so
-    # that ptxas issues its wgmmas in one run in the masked loop too.
-    dv_after_ds_store: bool = False
-    # Candidate: the dV GEMM (keys split) issued as soon as Pᵀ is packed, before the wait
-    # for dPᵀ, so that it runs under the dS math instead of after it.
-    dv_before_dp_wait: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -589,11 +589,7 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(not self.split):
             convert_packed(acc_as_a_operand(acc_st), ops.pt)
 
-        if cutlass.const_expr(self.config.dv_before_dp_wait and not self.split):
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
-            warpgroup.wait_group(1)
-        else:
-            warpgroup.wait_group(0)
+        warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(cute.size(c, mode=[1])):
             delta_j = rows.delta[c[0, j][1], do_state.index]
@@ -613,14 +609,11 @@ class Sm90BackwardKernel:
                 cute.copy(ops.store_ds, ops.store_ds.retile(packed), ops.store_ds.partition_D(smem[None, None, ds_stage]))
         else:
             convert_packed(acc_as_a_operand(acc_dpt), ops.dst)
-            if cutlass.const_expr(not (self.config.dv_after_ds_store or self.config.dv_before_dp_wait)):
-                warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
+            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
             # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores:
             # no second conversion, no second copy in registers.
             ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
             cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
-            if cutlass.const_expr(self.config.dv_after_ds_store):
-                warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dv, ops.pt, ops.tdVrdO[None, None, None, do_state.index], False)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
 

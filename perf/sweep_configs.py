@@ -291,11 +291,18 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 52 GPU tests passed): three Q and three dO stages at head dim 128 (226.5 of the 227 KiB),
 # each query block's tiles loaded two blocks ahead. Faster rounds, full 514/570/604 ->
 # 480/566/602, causal 392/519/600 -> 371/522/599: the loads are not late.
+# Lost or tied (2026-11-30, three rounds, --control, 1k / 4k / 16k;
+# -bwd-sweep-dv-issue.json; 104 GPU tests passed), head dim 128, the dV GEMM issued
+# elsewhere (same bits): (a) right after Pᵀ is packed, before the dPᵀ wait, so that it runs
+# under the dS math and ptxas keeps all 32 exponentials ahead of that wait (today 5 of 32 in
+# the mask-free loop); (b) after dSᵀ's stmatrix, so that its four wgmmas issue in one run in
+# the masked loop too. Faster rounds (selector: the better of its two copies), full
+# 512/551/598 -> (a) 468/549/581, (b) 471/552/583; causal 378/514/587 -> (a) 367/498/578,
+# (b) 370/507/577. More tensor work under the dS math does not pay; why was not shown.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
-BACKWARD_CANDIDATES[128] = [dict(), dict(dv_before_dp_wait=True), dict(dv_after_ds_store=True)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
