@@ -140,7 +140,11 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(pv_wait_pinned=True)],
+    128: [dict(), dict(pv_wait_pinned=True), dict(pv_wait_pinned=True, sum_from_rescaled=True)],
+    256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -347,7 +351,11 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(pv_wait_pinned=True)],
+    128: [dict(), dict(pv_wait_pinned=True), dict(pv_wait_pinned=True, sum_from_rescaled=True)],
+    256: [dict()],
+}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
