@@ -103,9 +103,6 @@ class Sm90ForwardConfig:
     # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
     # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
     q_in_registers: bool = False
-    # Candidate: the wait for P V pinned (behind a branch ptxas cannot hoist it over) after
-    # every row's max and scaled scores, before the exponentials, as flash-attn-4's loop has it.
-    pv_wait_pinned: bool = False
 
     @property
     def tile_m(self) -> int:

@@ -40,8 +40,7 @@ class OnlineSoftmax:
 
     @cute.jit
     def update(
-        self, acc_s: cute.Tensor, block, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool],
-        before_exps=None,
+        self, acc_s: cute.Tensor, block, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
     ) -> cute.Tensor:
         """Turn the scores of a key block (``block``: its ``block_inputs``) into unnormalised
         probabilities in place; return each row's factor ``exp2((m_old - m_new) *
@@ -49,8 +48,6 @@ class OnlineSoftmax:
         finite score."""
         s = acc_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
-        if cutlass.const_expr(before_exps is not None):
-            return self._update_around(s, row_scale, is_first, masked, before_exps)
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
@@ -68,33 +65,6 @@ class OnlineSoftmax:
                     self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * scale, 0)
                 else:
                     self.row_sum[r] = self.row_sum[r] * scale + partial
-        return row_scale
-
-    @cute.jit
-    def _update_around(self, s, row_scale, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool], before_exps):
-        """``update`` in two passes over the rows, ``before_exps()`` between them: every
-        row's max and its scores scaled into log2 units minus it, then the exponentials."""
-        m_olds = []
-        for r in cutlass.range_constexpr(self.rows):
-            row = s[r, None].load()
-            m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
-            m_olds.append((m_old, m_safe))
-            s[r, None].store(row * self.scale_log2 - m_safe * self.scale_log2)
-        before_exps(s)
-        for r in cutlass.range_constexpr(self.rows):
-            m_old, m_safe = m_olds[r]
-            p = cute.math.exp2(s[r, None].load(), fastmath=True)
-            s[r, None].store(p)
-            if cutlass.const_expr(is_first):
-                row_scale[r] = 1.0
-                self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            else:
-                scale = cute.math.exp2((m_old - m_safe) * self.scale_log2, fastmath=True)
-                row_scale[r] = scale
-                if cutlass.const_expr(self.sum_from_rescaled):
-                    self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * scale, 0)
-                else:
-                    self.row_sum[r] = self.row_sum[r] * scale + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         return row_scale
 
     @cute.jit

@@ -50,8 +50,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
 from ..pipelines.tile_scheduler import TileScheduler
@@ -96,16 +94,6 @@ class Loads:
     atom_q: cute.CopyAtom
     atom_k: cute.CopyAtom
     atom_v: cute.CopyAtom
-
-
-PINNED_WAIT_NEVER = -7
-
-
-@dsl_user_op
-def never_taken_sleep(values: cute.Tensor, *, loc=None, ip=None) -> None:
-    operands = [Float32(values[i]).ir_value(loc=loc, ip=ip) for i in range(cute.size(values))]
-    llvm.inline_asm(None, operands, "nanosleep.u32 1;", ",".join(["f"] * len(operands)), has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dataclass(frozen=True)
@@ -708,18 +696,8 @@ class Sm90ForwardKernel:
         rings.k.consumer_release(state)
         if cutlass.const_expr(masked):
             self.mask(acc_s, ops, tile, n_block)
-        if cutlass.const_expr(self.config.pv_wait_pinned):
-            def pinned_pv_wait(scaled):
-                # Never taken (no sequence has that many keys): the branch ends a basic block,
-                # which ptxas does not hoist the wait over, and reads the scaled scores, so
-                # that they are not sunk below it.
-                if tile.seqlen_k == PINNED_WAIT_NEVER:
-                    never_taken_sleep(scaled)
-                warpgroup.wait_group(0)
-            row_scale = softmax.update(acc_s, block, is_first=False, masked=masked, before_exps=pinned_pv_wait)
-        else:
-            row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
-            warpgroup.wait_group(0)
+        row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
+        warpgroup.wait_group(0)
         rings.v.consumer_release(v_state)
         if cutlass.const_expr(self.sums_on_tensor_cores):
             # The sums of the P that this P V read, then this block's factor, as O gets.

@@ -140,11 +140,17 @@ from flash4.interface import LOG2_E, device_sms
 # 107: only FP8 gains from the relief.
 # Not taken (2026-11-30, three rounds, 4k / 8k / 16k; -fwd-sweep-d128-full-o-store-long.json):
 # each warpgroup storing its own O at head dim 128 full, 632/636/636 -> 631/633/631.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(pv_wait_pinned=True)],
-    128: [dict(), dict(pv_wait_pinned=True), dict(pv_wait_pinned=True, sum_from_rescaled=True)],
-    256: [dict()],
-}
+# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -fwd-sweep-pv-wait-pinned.json;
+# 42 GPU tests, bit-identical to the table): flash-attn-4's loop order rebuilt exactly. The
+# P V wait pinned after every row's max and its 64 scaled-score FFMAs (a never-taken branch
+# reading them ends the basic block, so ptxas neither hoists the wait nor sinks the FFMAs;
+# same instruction count), and with sum_from_rescaled O's rescale among the exponentials:
+# SASS d128 max + 64 FFMA + 1 MUFU beside P V, as flash-attn-4's max + 66 FFMA + 10 MUFU.
+# Faster rounds, d128 full 632/659/664 -> 574/625/640 (pinned), 580/633/651 (and the sum
+# from the rescaled one); causal 473/595/638 -> 463/577/622, 462/589/627; d64 (its row
+# has that sum) full 446/507/540 -> 434/501/534, causal 330/449/502 -> 328/443/506. The
+# order of the softmax around the P V wait is not what flash-attn-4 gains at d128 16k.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -351,11 +357,17 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(pv_wait_pinned=True)],
-    128: [dict(), dict(pv_wait_pinned=True), dict(pv_wait_pinned=True, sum_from_rescaled=True)],
-    256: [dict()],
-}
+FP8_# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -fwd-sweep-pv-wait-pinned.json;
+# 42 GPU tests, bit-identical to the table): flash-attn-4's loop order rebuilt exactly. The
+# P V wait pinned after every row's max and its 64 scaled-score FFMAs (a never-taken branch
+# reading them ends the basic block, so ptxas neither hoists the wait nor sinks the FFMAs;
+# same instruction count), and with sum_from_rescaled O's rescale among the exponentials:
+# SASS d128 max + 64 FFMA + 1 MUFU beside P V, as flash-attn-4's max + 66 FFMA + 10 MUFU.
+# Faster rounds, d128 full 632/659/664 -> 574/625/640 (pinned), 580/633/651 (and the sum
+# from the rescaled one); causal 473/595/638 -> 463/577/622, 462/589/627; d64 (its row
+# has that sum) full 446/507/540 -> 434/501/534, causal 330/449/502 -> 328/443/506. The
+# order of the softmax around the P V wait is not what flash-attn-4 gains at d128 16k.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
