@@ -357,17 +357,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -fwd-sweep-pv-wait-pinned.json;
-# 42 GPU tests, bit-identical to the table): flash-attn-4's loop order rebuilt exactly. The
-# P V wait pinned after every row's max and its 64 scaled-score FFMAs (a never-taken branch
-# reading them ends the basic block, so ptxas neither hoists the wait nor sinks the FFMAs;
-# same instruction count), and with sum_from_rescaled O's rescale among the exponentials:
-# SASS d128 max + 64 FFMA + 1 MUFU beside P V, as flash-attn-4's max + 66 FFMA + 10 MUFU.
-# Faster rounds, d128 full 632/659/664 -> 574/625/640 (pinned), 580/633/651 (and the sum
-# from the rescaled one); causal 473/595/638 -> 463/577/622, 462/589/627; d64 (its row
-# has that sum) full 446/507/540 -> 434/501/534, causal 330/449/502 -> 328/443/506. The
-# order of the softmax around the P V wait is not what flash-attn-4 gains at d128 16k.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(kv_stages=3, q_stages=1, o_store_per_warpgroup=False)], 256: [dict()]}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
