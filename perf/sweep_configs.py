@@ -150,7 +150,12 @@ from flash4.interface import LOG2_E, device_sms
 # from the rescaled one); causal 473/595/638 -> 463/577/622, 462/589/627; d64 (its row
 # has that sum) full 446/507/540 -> 434/501/534, causal 330/449/502 -> 328/443/506. The
 # order of the softmax around the P V wait is not what flash-attn-4 gains at d128 16k.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(kv_stages=3, q_stages=1, o_store_per_warpgroup=False)], 256: [dict()]}
+# Lost or tied (2026-11-30, three rounds, --control, 1k / 4k / 16k;
+# -fwd-sweep-d128-three-kv-stages.json; 14 GPU tests passed): head dim 128 with three K/V
+# stages and one Q slot (O staged in Q's buffer, so the shared O store), 224 KiB. Faster
+# rounds, full 625/638/650 -> 518/612/645, causal 463/581/622 -> 403/556/623: the K/V
+# loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
