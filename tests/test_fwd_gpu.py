@@ -358,4 +358,3 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
-
