@@ -353,7 +353,7 @@ def fp8_attention(
 
 def fp8_blockwise_attention(
     q: Fp8Tensor, k: Fp8Tensor, v: Fp8Tensor, softmax_scale: float | None = None, causal: bool = False,
-    block_m: int = 128, block_n: int = 128, sum_rounded_p: bool = False,
+    block_m: int = 128, block_n: int = 128, sum_rounded_p: bool = False, p_by_rounding: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The FP8 kernel's algorithm (kernels/sm90_fwd_fp8.py with BlockScaledSoftmax) tile by
     tile, in float64: the model the kernel must match. Returns (out, lse) like
@@ -366,8 +366,11 @@ def fp8_blockwise_attention(
     v_ref the largest V descale so far, and rounded to e4m3 (saturating) before P V; the
     row sum adds P divided by that scale; with ``sum_rounded_p``, P after its rounding (as
     the kernels compiled without an LSE, whose row sums run on the tensor cores). O is
-    rescaled when the max or v_ref grows.
+    rescaled when the max or v_ref grows. With ``p_by_rounding`` (and ``sum_rounded_p``),
+    P's e4m3 codes are rounded from its log2 instead (kernels/e4m3_codes.py).
     """
+    if p_by_rounding and not sum_rounded_p:
+        raise ValueError("p_by_rounding=True: the kernels sum that P on the tensor cores, so sum_rounded_p=True")
     q8, k8, v8 = (t.values.double() for t in (q, k, v))
     batch, seqlen_q, heads, head_dim = q8.shape
     seqlen_k = k8.shape[1]
@@ -417,7 +420,10 @@ def fp8_blockwise_attention(
             probs = torch.exp2(scores - safe_max.unsqueeze(-1)) * p_scale.unsqueeze(-1)
             correction = torch.exp2(row_max - safe_max)
             growth = 1.0 if v_ref is None else (v_ref / v_new)[..., None]
-            p_fp8 = probs.clamp(max=FP8_MAX).to(FP8_DTYPE).double()
+            if p_by_rounding:
+                p_fp8 = _e4m3_by_rounding(scores - safe_max.unsqueeze(-1) + torch.log2(p_scale.unsqueeze(-1)))
+            else:
+                p_fp8 = probs.clamp(max=FP8_MAX).to(FP8_DTYPE).double()
             row_sum = row_sum * correction + (p_fp8 if sum_rounded_p else probs).sum(dim=-1) / p_scale
             acc = acc * (correction * growth).unsqueeze(-1) + p_fp8 @ v8[:, :, n_start:n_end]
             row_max, v_ref = new_max, v_new
@@ -427,3 +433,13 @@ def fp8_blockwise_attention(
         out[:, :, m_start:m_end] = acc * inv_sum.unsqueeze(-1)
         lse[:, :, m_start:m_end] = torch.where(has_key, row_max * math.log(2.0) + torch.log(row_sum), -math.inf)
     return out.transpose(1, 2), lse
+
+
+def _e4m3_by_rounding(log2_p: Tensor) -> Tensor:
+    """The e4m3 values whose codes are 8 log2(p) + 56 less the linear mantissa's bias,
+    rounded (half to even, as the kernel's f16 conversion), 0 below code 0."""
+    from flash4.kernels.e4m3_codes import CODE_OF_ONE, CODES_PER_OCTAVE, LARGEST_CODE, LINEAR_MANTISSA_BIAS
+
+    codes = torch.round(CODES_PER_OCTAVE * log2_p + (CODE_OF_ONE - LINEAR_MANTISSA_BIAS))
+    codes = codes.nan_to_num(neginf=0.0).clamp(0, LARGEST_CODE).to(torch.uint8)
+    return codes.view(FP8_DTYPE).double()

@@ -103,6 +103,12 @@ class Sm90ForwardConfig:
     # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
     # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
     q_in_registers: bool = False
+    # FP8 kernels whose row sums run on the tensor cores (compiled without an LSE): P's e4m3
+    # codes rounded straight from the log2-domain scores, 8 codes per power of two, linear
+    # in between (Schraudolph's exponential), by one f16 conversion, instead of exp2 on
+    # MUFU and an e4m3 conversion (kernels/e4m3_codes.py). The sums are of the same P, so
+    # its scale cancels; the variant with an LSE keeps exp2.
+    fp8_p_by_rounding: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -135,6 +141,11 @@ class Sm90ForwardConfig:
         return q + o + kv + ones + BARRIER_BYTES
 
     def __post_init__(self) -> None:
+        if self.fp8_p_by_rounding and not (self.fp8 and self.fp8_v_per_tensor and self.row_sum_on_tensor_cores):
+            raise ValueError(
+                "fp8_p_by_rounding=True: only with fp8, fp8_v_per_tensor and row_sum_on_tensor_cores "
+                "(one P scale, which the row sums of the same P cancel)"
+            )
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
         if self.kv_stages < 1:

@@ -15,6 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from .e4m3_codes import CODES_PER_OCTAVE, code_base
 from .mma_layouts import acc_rows_cols
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -147,12 +148,17 @@ class BlockScaledSoftmax(OnlineSoftmax):
 
     def __init__(
         self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor,
-        v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
+        v_per_tensor: bool = False, sums_on_tensor_cores: bool = False, p_by_rounding: bool = False,
     ):
         super().__init__(scale_log2, rows)
         if sums_on_tensor_cores and not v_per_tensor:
             raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
+        if p_by_rounding and not sums_on_tensor_cores:
+            raise ValueError("p_by_rounding=True: only with sums_on_tensor_cores=True (P's scale then cancels)")
         self.sums_on_tensor_cores = sums_on_tensor_cores
+        # P as e4m3 codes rounded from the scores (kernels/e4m3_codes.py): ``update`` leaves
+        # F16_INTEGER_BASE plus each code in S's registers, for ``convert_codes``.
+        self.p_by_rounding = p_by_rounding
         self.k_descale = k_descale
         self.v_descale = v_descale
         self.v_ref = cute.make_rmem_tensor(1, Float32)
@@ -191,10 +197,15 @@ class BlockScaledSoftmax(OnlineSoftmax):
             p_log2 = cute.math.log2(p_scale, fastmath=True)
             inv_p_scale = cute.arch.rcp_approx(p_scale)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
+        if cutlass.const_expr(self.p_by_rounding):
+            code_scale = scale * CODES_PER_OCTAVE
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale, is_first, masked)
-            p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
+            if cutlass.const_expr(self.p_by_rounding):
+                p = row * code_scale + (code_base(p_log2) - m_safe * CODES_PER_OCTAVE)
+            else:
+                p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
             s[r, None].store(p)
             if cutlass.const_expr(self.sums_on_tensor_cores):
                 partial = Float32(0.0)

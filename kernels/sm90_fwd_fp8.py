@@ -24,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .configs import Sm90ForwardConfig
+from .e4m3_codes import convert_codes
 from .mma_layouts import acc_as_fp8_a_operand
 from .online_softmax import BlockScaledSoftmax
 from .packed_convert import convert_packed
@@ -86,9 +87,20 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             v_descale[tile.batch, kv_head, None],
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
+            self.p_by_rounding,
         )
+
+    @property
+    def p_by_rounding(self) -> bool:
+        """P's codes rounded from the scores: only where the row sums run on the tensor
+        cores (this compiled variant writes no LSE), which sum the same P."""
+        return self.config.fp8_p_by_rounding and self.sums_on_tensor_cores
 
     @cute.jit
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
-        """P (already scaled onto e4m3's range) into the FP8 A operand, four per register."""
-        convert_packed(acc_as_fp8_a_operand(acc_s), p)
+        """P (already scaled onto e4m3's range, or its codes) into the FP8 A operand, four
+        per register."""
+        if cutlass.const_expr(self.p_by_rounding):
+            convert_codes(acc_as_fp8_a_operand(acc_s), p)
+        else:
+            convert_packed(acc_as_fp8_a_operand(acc_s), p)

@@ -45,8 +45,9 @@ def _rms(x: torch.Tensor) -> float:
     return x.double().pow(2).mean().sqrt().item()
 
 
-def _check(q8, k8, v8, causal, out, lse):
-    """``lse``: None for the kernel variant compiled without one."""
+def _check(q8, k8, v8, causal, out, lse, p_by_rounding=False):
+    """``lse``: None for the kernel variant compiled without one; ``p_by_rounding``: that
+    variant made P's codes from the scores (Sm90ForwardConfig.fp8_p_by_rounding)."""
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
     head_dim, seqlen_q = qd.shape[-1], qd.shape[1]
@@ -54,7 +55,7 @@ def _check(q8, k8, v8, causal, out, lse):
     entry = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v8.block is None)
     model = reference.fp8_blockwise_attention(
         q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv,
-        sum_rounded_p=lse is None and entry.config.row_sum_on_tensor_cores,
+        sum_rounded_p=lse is None and entry.config.row_sum_on_tensor_cores, p_by_rounding=p_by_rounding,
     )[0]
     model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
@@ -319,3 +320,19 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen, return_lse):
     out, lse = _run_variant(q8, k8, v8, causal, return_lse, q_in_registers=True)
     assert not want.isnan().any() and torch.equal(out, want)
     assert lse is None if not return_lse else torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen", (1, 17, 1000, 3000, 4113))
+def test_p_by_rounding_candidate_matches_its_model(head_dim, causal, seqlen):
+    # P's e4m3 codes rounded from the scores (fp8_p_by_rounding) in the variant without an
+    # LSE, against the model that rounds them the same way; the variant with an LSE keeps
+    # exp2, so it gives the table's bits. 4113 keys: the rows from 4k and a ragged block.
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
+    out, _ = _run_variant(q8, k8, v8, causal, False, fp8_p_by_rounding=True)
+    assert not out.isnan().any()
+    _check(q8, k8, v8, causal, out, None, p_by_rounding=True)
+    want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    out, lse = _run_variant(q8, k8, v8, causal, True, fp8_p_by_rounding=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
