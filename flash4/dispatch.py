@@ -183,8 +183,17 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 8k / 16k, where three warpgroups on 96-key blocks keep the rows. The 16-bit kernel lost
 # with it (bf16 d128 full 514/580/642/647 -> 502/562/628/620 at 512 / 1k / 4k / 16k;
 # perf/sweep_configs.py).
+#
+# Ninth (2026-11-30, three rounds, 1k / 4k / 16k, the kernels without an LSE;
+# perf/results/h200/2026-11-30-fp8-sweep-p-by-rounding.json): wherever the row sums run
+# on the tensor cores, P's e4m3 codes rounded from the scores (fp8_p_by_rounding, no MUFU
+# exponential; kernels/e4m3_codes.py), faster rounds: head dim 128 full 763/920/977 ->
+# 850/979/1033, causal 601/822/902 -> 651/888/979; 64 full 491/651/723 -> 578/749/813,
+# causal 354/548/665 -> 420/630/740 (cuDNN 739/884/897, 469/732/849, 445/545/563,
+# 281/420/539).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
-_SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True)
+# Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
+_SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
 _Q_IN_REGISTERS = dict(q_in_registers=True)
 # Head dim 128 on two warpgroups, 128-key blocks, Q in registers (see the eighth sweep).
@@ -270,7 +279,10 @@ def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tens
 @functools.lru_cache(maxsize=None)
 def _with_blockwise_v(entry: KernelEntry) -> KernelEntry:
     # P's scale then changes from block to block: the row sums stay on the CUDA cores.
-    return replace(entry, config=replace(entry.config, fp8_v_per_tensor=False, row_sum_on_tensor_cores=False))
+    return replace(
+        entry,
+        config=replace(entry.config, fp8_v_per_tensor=False, row_sum_on_tensor_cores=False, fp8_p_by_rounding=False),
+    )
 
 
 def format_table(arch: str | None = None) -> str:

@@ -5,7 +5,8 @@
 Inputs N(0, 1) plus N(0, 100) on 0.1% of the entries; RMSE of the output against float64
 attention on the unquantized inputs, for: per-tensor scales, per-tensor with the output
 rounded to e4m3 too (cuDNN's FP8 mode on Hopper), blockwise scales (128 rows), blockwise
-with the Hadamard rotation of Q and K, and torch in bf16; then blockwise + Hadamard with one
+with the Hadamard rotation of Q and K, and torch in bf16; the kernel's tiled algorithm with P from exp2 and
+with P's codes rounded from the scores; then blockwise + Hadamard with one
 rounding at a time (Q and K, V, V rotated as well, P), the others exact. What the FP8 kernel is built to
 reproduce, before it exists; a development tool, the tests decide.
 """
@@ -61,6 +62,13 @@ def main() -> None:
             )),
             "bf16 (torch)": rmse(reference.attention_in_dtype(*(t.bfloat16() for t in (q, k, v)))[0]),
         }
+        # The kernel's own algorithm (tiles of 128, V per tensor, row sums of the rounded P),
+        # with P from exp2 and with P's codes rounded from the scores (fp8_p_by_rounding).
+        kernel_inputs = (quantize_fp8(q, BLOCK, hadamard=True), quantize_fp8(k, BLOCK, hadamard=True),
+                         quantize_fp8(v, None))
+        for label, by_rounding in (("exp2 P", False), ("P codes by rounding", True)):
+            out = reference.fp8_blockwise_attention(*kernel_inputs, sum_rounded_p=True, p_by_rounding=by_rounding)[0]
+            rows[f"blockwise + hadamard, kernel model, {label}"] = rmse(out)
         rows.update({f"{name} alone": rmse(out) for name, out in rounding_alone(q, k, v).items()})
         print(f"hdim {head_dim}: " + " | ".join(f"{name} {value:.2e}" for name, value in rows.items()), flush=True)
 

@@ -408,3 +408,23 @@ def test_other_p_order_compiles_clean(dtype, head_dim):
     report = compile_entry(dataclasses.replace(entry, config=config))
     assert report.serialized_wgmma == 0 and report.spill_bytes == 0
     assert report.ptx.count("ex2.approx") == compile_entry(entry).ptx.count("ex2.approx")
+
+
+@pytest.mark.parametrize("head_dim,causal,seqlen", ((64, False, 1024), (64, True, 4096), (128, False, 4096), (128, True, 1024)))
+def test_fp8_rows_round_p_codes_without_lse(head_dim, causal, seqlen):
+    # The FP8 rows at head dims 64 and 128 make P's e4m3 codes by rounding where they write
+    # no LSE (fp8_p_by_rounding): no e4m3 conversion and no exponential per score there,
+    # f16 conversions, clamps and byte permutes instead; the variant with an LSE keeps
+    # exp2 and the e4m3 conversion. Both compile clean.
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import FP8_DTYPE, select
+
+    entry = select("sm_90a", FP8_DTYPE, head_dim, causal, seqlen)
+    assert entry.config.fp8_p_by_rounding
+    codes, exps = compile_entry(entry, with_lse=False), compile_entry(entry, with_lse=True)
+    for report in (codes, exps):
+        assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    assert "cvt.rn.satfinite.e4m3x2.f32" not in codes.ptx and "cvt.rn.satfinite.e4m3x2.f32" in exps.ptx
+    assert "max.f16x2" in codes.ptx and "prmt.b32" in codes.ptx and "max.f16x2" not in exps.ptx
+    # What exponentials remain are O's factors, one per row and block: far fewer than P's.
+    assert 8 * codes.ptx.count("ex2.approx") < exps.ptx.count("ex2.approx")
