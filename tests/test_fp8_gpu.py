@@ -45,20 +45,19 @@ def _rms(x: torch.Tensor) -> float:
     return x.double().pow(2).mean().sqrt().item()
 
 
-def _check(q8, k8, v8, causal, out, lse, p_by_rounding=None):
-    """``lse``: None for the kernel variant compiled without one; ``p_by_rounding``: whether
-    that variant made P's codes from the scores (Sm90ForwardConfig.fp8_p_by_rounding),
-    None: as the selected row does."""
+def _check(q8, k8, v8, causal, out, lse, config=None):
+    """``lse``: None for the kernel variant compiled without one; ``config``: the kernel's,
+    if not the selected row's (its row sums and P's codes decide the model)."""
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
     head_dim, seqlen_q = qd.shape[-1], qd.shape[1]
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
-    entry = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v8.block is None)
-    if p_by_rounding is None:
-        p_by_rounding = lse is None and entry.config.fp8_p_by_rounding
+    if config is None:
+        config = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v8.block is None).config
     model = reference.fp8_blockwise_attention(
         q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv,
-        sum_rounded_p=lse is None and entry.config.row_sum_on_tensor_cores, p_by_rounding=p_by_rounding,
+        sum_rounded_p=lse is None and config.row_sum_on_tensor_cores,
+        p_by_rounding=lse is None and config.fp8_p_by_rounding,
     )[0]
     model = model.to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and not out.isnan().any(), "some output element was never written"
@@ -250,6 +249,13 @@ def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
     return out, lse
 
 
+def _variant_config(head_dim: int, causal: bool, seqlen: int, **changes):
+    """The selected FP8 row's configuration with ``changes``."""
+    import dataclasses
+
+    return dataclasses.replace(dispatch.select("sm_90a", dispatch.FP8_DTYPE, head_dim, causal, seqlen).config, **changes)
+
+
 def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
     blocks = fp8_blocks(head_dim, causal, seqlen)
     q, k, v = (torch.randn(2, seqlen, h, head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
@@ -337,7 +343,26 @@ def test_exp2_p_without_lse_matches_its_model(head_dim, causal, seqlen):
     q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
     out, _ = _run_variant(q8, k8, v8, causal, False, fp8_p_by_rounding=False)
     assert not out.isnan().any()
-    _check(q8, k8, v8, causal, out, None, p_by_rounding=False)
+    _check(q8, k8, v8, causal, out, None, _variant_config(head_dim, causal, seqlen, fp8_p_by_rounding=False))
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     out, lse = _run_variant(q8, k8, v8, causal, True, fp8_p_by_rounding=False)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+FP8_CANDIDATE_CHANGES = (
+    (256, dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)),
+    (64, dict(q_in_registers=True)),
+)
+
+
+@pytest.mark.parametrize("head_dim,changes", FP8_CANDIDATE_CHANGES, ids=("d256-codes", "d64-q-in-registers"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen", (1, 17, 1000, 4113))
+def test_fp8_candidate_matches_its_model(head_dim, changes, causal, seqlen):
+    # Sweep candidates (perf/sweep_configs.py FP8_CANDIDATES) against the model of what
+    # they compute, without an LSE (as the sweep times them) and with one.
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
+    config = _variant_config(head_dim, causal, seqlen, **changes)
+    for with_lse in (False, True):
+        out, lse = _run_variant(q8, k8, v8, causal, with_lse, **changes)
+        _check(q8, k8, v8, causal, out, lse, config)
