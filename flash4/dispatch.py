@@ -190,7 +190,13 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # exponential; kernels/e4m3_codes.py), faster rounds: head dim 128 full 763/920/977 ->
 # 850/979/1033, causal 601/822/902 -> 651/888/979; 64 full 491/651/723 -> 578/749/813,
 # causal 354/548/665 -> 420/630/740 (cuDNN 739/884/897, 469/732/849, 445/545/563,
-# 281/420/539).
+# 281/420/539). Then head dim 256 with both (three rounds, 512 / 1k / 2k;
+# -fp8-sweep-d256-p-by-rounding.json): full 826/1027/1141 -> 868/1034/1144, causal
+# 522/756/945 -> 552/785/950 (cuDNN 724/861/945, 435/602/773); at 4k / 16k within the
+# rounds' spread (two rounds, -fp8-sweep-after-p-by-rounding.json: full 1211/1268 ->
+# 1209/1296, causal 1080/1242 -> 1095/1246). Not taken there: head dim 128's short-row tile
+# at every length (full 1000/1058 -> 983/1023 at 4k / 16k), Q in registers at 64 (within
+# 1%).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
@@ -210,8 +216,8 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
         (4096, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
     (128, True): ((1, _D128_Q_IN_REGISTERS),),
-    (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
-    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True)),),
+    (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
 }
 
 

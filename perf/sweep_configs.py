@@ -362,11 +362,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(q_in_registers=True)],
-    128: [dict(), dict(tile_n=128, consumer_warpgroups=2, q_in_registers=True, o_store_per_warpgroup=True)],
-    256: [dict(), dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)],
-}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
