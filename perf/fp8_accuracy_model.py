@@ -5,10 +5,11 @@
 Inputs N(0, 1) plus N(0, 100) on 0.1% of the entries; RMSE of the output against float64
 attention on the unquantized inputs, for: per-tensor scales, per-tensor with the output
 rounded to e4m3 too (cuDNN's FP8 mode on Hopper), blockwise scales (128 rows), blockwise
-with the Hadamard rotation of Q and K, and torch in bf16; the kernel's tiled algorithm with P from exp2 and
-with P's codes rounded from the scores; then blockwise + Hadamard with one
-rounding at a time (Q and K, V, V rotated as well, P), the others exact. What the FP8 kernel is built to
-reproduce, before it exists; a development tool, the tests decide.
+with the Hadamard rotation of Q and K, and torch in bf16; the kernel's tiled algorithm
+(flash4.reference.fp8_blockwise_attention) with P from exp2 and with P's codes rounded from
+the scores; then blockwise + Hadamard with one rounding at a time (Q and K, V, V rotated as
+well, P), the others exact. What the FP8 kernel is built to reproduce; a development tool,
+the tests decide.
 """
 
 from __future__ import annotations

@@ -414,10 +414,10 @@ def test_other_p_order_compiles_clean(dtype, head_dim):
     "head_dim,causal,seqlen", ((64, False, 1024), (64, True, 4096), (128, False, 4096), (128, True, 1024), (256, False, 512))
 )
 def test_fp8_rows_round_p_codes_without_lse(head_dim, causal, seqlen):
-    # The FP8 rows make P's e4m3 codes by rounding where they write
-    # no LSE (fp8_p_by_rounding): no e4m3 conversion and no exponential per score there,
-    # f16 conversions, clamps and byte permutes instead; the variant with an LSE keeps
-    # exp2 and the e4m3 conversion. Both compile clean.
+    # The FP8 rows make P's e4m3 codes by rounding where they write no LSE
+    # (fp8_p_by_rounding): no e4m3 conversion and no exponential per score there, f16
+    # conversions, clamps and byte permutes instead; the variant with an LSE keeps exp2 and
+    # the e4m3 conversion. Both compile clean.
     from flash4.compiler import compile_entry
     from flash4.dispatch import FP8_DTYPE, select
 

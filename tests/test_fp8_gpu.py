@@ -331,14 +331,14 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen, return_lse):
     assert lse is None if not return_lse else torch.equal(lse, want_lse)
 
 
-
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen", (1, 17, 1000, 3000, 4113))
 def test_exp2_p_without_lse_matches_its_model(head_dim, causal, seqlen):
-    # The rows round P's codes from the scores where they write no LSE; with exp2 instead (fp8_p_by_rounding off) that variant matches its own model,
-    # and the variant with an LSE, which always takes exp2, gives the table's bits either
-    # way. 4113 queries: the rows from 4k and a ragged block.
+    # The rows round P's codes from the scores where they write no LSE; with exp2 instead
+    # (fp8_p_by_rounding off) that variant matches its own model, and the variant with an
+    # LSE, which always takes exp2, gives the table's bits either way. 4113 queries: the
+    # rows from 4k and a ragged block.
     q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
     out, _ = _run_variant(q8, k8, v8, causal, False, fp8_p_by_rounding=False)
     assert not out.isnan().any()
@@ -346,4 +346,3 @@ def test_exp2_p_without_lse_matches_its_model(head_dim, causal, seqlen):
     want, want_lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
     out, lse = _run_variant(q8, k8, v8, causal, True, fp8_p_by_rounding=False)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
-
