@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from flash4.kernels.e4m3_codes import CODE_OF_ONE, CODES_PER_OCTAVE, LARGEST_CODE, LINEAR_MANTISSA_BIAS
 from flash4.quantize import FP8_DTYPE, FP8_MAX, Fp8Tensor
 
 # exp(x) == exp2(x * log2(e)): the kernel folds log2(e) into the softmax scale so each score
@@ -438,8 +439,6 @@ def fp8_blockwise_attention(
 def _e4m3_by_rounding(log2_p: Tensor) -> Tensor:
     """The e4m3 values whose codes are 8 log2(p) + 56 less the linear mantissa's bias,
     rounded (half to even, as the kernel's f16 conversion), 0 below code 0."""
-    from flash4.kernels.e4m3_codes import CODE_OF_ONE, CODES_PER_OCTAVE, LARGEST_CODE, LINEAR_MANTISSA_BIAS
-
     codes = torch.round(CODES_PER_OCTAVE * log2_p + (CODE_OF_ONE - LINEAR_MANTISSA_BIAS))
     codes = codes.nan_to_num(neginf=0.0).clamp(0, LARGEST_CODE).to(torch.uint8)
     return codes.view(FP8_DTYPE).double()

@@ -8,17 +8,13 @@ anyway (up to 6.25% per value), so it can round P's codes straight from the log2
 scores: one FFMA per score gives 1536 + 8 t + 56 - bias, and one f16 conversion per pair
 rounds that to an integer (an f16's step is 1 on [1024, 2048)), whose low byte is the
 code. No MUFU exponential and no e4m3 conversion run; a max clamps underflow to code 0.
+The packing is kernels/packed_convert.py's ``pack_quad_codes``; the model's rounding,
+flash4/reference.py's.
 """
 
 from __future__ import annotations
 
 import math
-
-import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 # e4m3 has 3 mantissa bits: 8 codes per power of two.
 CODES_PER_OCTAVE = 8
@@ -42,37 +38,3 @@ def code_base(p_log2: float) -> float:
     if round(top) > LARGEST_CODE:
         raise ValueError(f"p_log2={p_log2}: the largest probability's code {top:.3f} rounds past {LARGEST_CODE}")
     return F16_INTEGER_BASE + top
-
-
-@dsl_user_op
-def pack_quad_codes(z0: Float32, z1: Float32, z2: Float32, z3: Float32, *, loc=None, ip=None) -> Int32:
-    """One 32-bit register holding the e4m3 codes of ``z0`` (lowest byte) to ``z3``, each
-    F16_INTEGER_BASE plus a code (before rounding)."""
-    values = [Float32(z).ir_value(loc=loc, ip=ip) for z in (z0, z1, z2, z3)]
-    # cvt's first source lands in the upper half; prmt picks the low byte of each half.
-    packed = llvm.inline_asm(
-        T.i32(),
-        values,
-        "{ .reg .b32 lo, hi, base;\n"
-        "cvt.rn.f16x2.f32 lo, $2, $1;\n"
-        "cvt.rn.f16x2.f32 hi, $4, $3;\n"
-        f"mov.b32 base, {F16_INTEGER_BASE_X2_BITS};\n"
-        "max.f16x2 lo, lo, base;\n"
-        "max.f16x2 hi, hi, base;\n"
-        "prmt.b32 $0, lo, hi, 0x6420; }",
-        "=r,f,f,f,f",
-        # Kept where written, before the warpgroup fence of the GEMM that reads it.
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Int32(packed)
-
-
-@cute.jit
-def convert_codes(src: cute.Tensor, dst: cute.Tensor) -> None:
-    """``dst`` (a compact e4m3 register fragment) from ``src``'s values F16_INTEGER_BASE
-    plus a code, four per register."""
-    words = cute.recast_tensor(dst, Int32)
-    for i in cutlass.range_constexpr(cute.size(words)):
-        words[i] = pack_quad_codes(src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3])

@@ -24,7 +24,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .configs import Sm90ForwardConfig
-from .e4m3_codes import convert_codes
 from .mma_layouts import acc_as_fp8_a_operand
 from .online_softmax import BlockScaledSoftmax
 from .packed_convert import convert_packed
@@ -100,7 +99,4 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
         """P (already scaled onto e4m3's range, or its codes) into the FP8 A operand, four
         per register."""
-        if cutlass.const_expr(self.p_by_rounding):
-            convert_codes(acc_as_fp8_a_operand(acc_s), p)
-        else:
-            convert_packed(acc_as_fp8_a_operand(acc_s), p)
+        convert_packed(acc_as_fp8_a_operand(acc_s), p, self.p_by_rounding)
