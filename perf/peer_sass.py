@@ -3,10 +3,11 @@
     pip install nvidia-cuda-nvdisasm triton einops        # once: the disassembler, and what
                                                           # flash-attn-4 and quack import
     mkdir -p /tmp/peers && tar -xJf .gpu/peers/flash-attn-4-*.tar.xz -C /tmp/peers
-    python perf/peer_sass.py --peer-site /tmp/peers [--pass fwd] --hdim 128 [--causal]
+    python perf/peer_sass.py --peer-site /tmp/peers [--pass fwd | fp8] --hdim 128 [--causal]
                              [--seqlen 16384] [--change '{...}']
 
-Both kernels of the pass (the backward's main kernel, or the 16-bit forward) are compiled
+Both kernels of the pass (the backward's main kernel, or the 16-bit forward; with ``--pass
+fp8`` flash4's FP8 forward alone, without an LSE, as flash-attn-4 has none on sm_90) are compiled
 for sm_90a here: flash4's with the configuration its selector picks (``--change`` edits
 it; the forward's row depends on ``--seqlen``), flash-attn-4's with the tiles its own
 interface picks for the head dim, on fake tensors. For each kernel's
@@ -37,11 +38,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sass_local import nvdisasm
+from sass_local import WGMMA_OPCODES, nvdisasm
 
 # The instruction kinds the stretches count, and those the timeline keeps.
-COUNTED = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "F2FP", "LDS", "STS", "STSM", "BAR", "SYNCS")
-TIMELINE = ("HGMMA", "WARPGROUP", "MUFU", "LDS", "STS", "STSM", "BAR", "SYNCS", "F2FP", "FFMA", "FADD", "FMUL",
+COUNTED = ("HGMMA", "QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "F2FP", "LDS", "STS", "STSM", "BAR", "SYNCS")
+TIMELINE = ("HGMMA", "QGMMA", "WARPGROUP", "MUFU", "LDS", "STS", "STSM", "BAR", "SYNCS", "F2FP", "FFMA", "FADD", "FMUL",
             "FSEL", "MEMBAR", "FENCE")
 # One query block's worth: the fewest wgmmas of a consumer loop (head dim 256, split: 8).
 MIN_LOOP_WGMMAS = 8
@@ -96,7 +97,7 @@ def consumer_loops(cubin: bytes) -> list[list[Instruction]]:
         if start is None or start >= address:
             continue
         body = [i for i in instructions if start <= i.address <= address]
-        if sum(i.kind == "HGMMA" for i in body) >= MIN_LOOP_WGMMAS:
+        if sum(i.kind in WGMMA_OPCODES for i in body) >= MIN_LOOP_WGMMAS:
             spans.append((start, address, body))
     # A loop ptxas rotated may only overlap the one it holds: keep the spans that overlap
     # no shorter one.
@@ -137,11 +138,12 @@ def flash4_cubin(pass_: str, head_dim: int, causal: bool, seqlen: int, change: d
 
         config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=seqlen), **change)
         return f"flash4 {config}", compile_backward_report(config, keep_cubin=True).cubin
-    from flash4.dispatch import select
+    from flash4.dispatch import FP8_DTYPE, select
 
-    entry = select("sm_90a", "bfloat16", head_dim, causal, seqlen)
+    entry = select("sm_90a", FP8_DTYPE if pass_ == "fp8" else "bfloat16", head_dim, causal, seqlen)
     entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **change))
-    return f"flash4 {entry.config}", compile_entry(entry, keep_cubin=True).cubin
+    # FP8 as flash_attn_fp8 runs it by default: without an LSE.
+    return f"flash4 {entry.config}", compile_entry(entry, keep_cubin=True, with_lse=pass_ != "fp8").cubin
 
 
 def flash_attn_4_forward_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[str, bytes]:
@@ -214,18 +216,18 @@ def flash_attn_4_cubin(peer_site: Path, head_dim: int, causal: bool) -> tuple[st
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer-site", type=Path, required=True, help="folder holding flash_attn/ and quack/")
-    parser.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd")
+    parser.add_argument("--pass", dest="pass_", choices=("bwd", "fwd", "fp8"), default="bwd",
+                        help="fp8: flash4's FP8 forward alone (flash-attn-4 has none on sm_90)")
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=16384, help="the forward's selector row (seqlen_q)")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--change", default="{}", help="JSON of flash4's configuration fields to change")
     parser.add_argument("--timeline", action="store_true")
     args = parser.parse_args()
-    peer = flash_attn_4_cubin if args.pass_ == "bwd" else flash_attn_4_forward_cubin
-    kernels = (
-        flash4_cubin(args.pass_, args.hdim, args.causal, args.seqlen, json.loads(args.change)),
-        peer(args.peer_site, args.hdim, args.causal),
-    )
+    kernels = [flash4_cubin(args.pass_, args.hdim, args.causal, args.seqlen, json.loads(args.change))]
+    if args.pass_ != "fp8":
+        peer = flash_attn_4_cubin if args.pass_ == "bwd" else flash_attn_4_forward_cubin
+        kernels.append(peer(args.peer_site, args.hdim, args.causal))
     for name, cubin in kernels:
         print(name)
         for body in consumer_loops(cubin):

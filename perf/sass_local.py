@@ -7,7 +7,7 @@
     python perf/sass_local.py --hdim 256 [--causal] [--seqlen 1] [--change '{"persistent": true}']
                               [--dump kernel.sass]
 
-Prints the kernel's static instruction mix and, for every run of wgmma (HGMMA)
+Prints the kernel's static instruction mix and, for every run of wgmma (HGMMA, or QGMMA for FP8)
 instructions, the uniform-datapath instructions issued among them: the operand
 descriptors of each wgmma are built there, and they compete with the wgmmas for issue
 slots. On the H200 (ncu, d256 s8k) flash4 issued 5.4 of them per wgmma in its hot loop and
@@ -57,13 +57,17 @@ def disassemble(cubin: bytes) -> list[str]:
     return [f"{m.group(1)}{m.group(2)}".strip() for m in map(_INSTRUCTION.match, listing.splitlines()) if m]
 
 
+# wgmma in SASS: HGMMA for 16-bit operands, QGMMA for FP8 ones.
+WGMMA_OPCODES = ("HGMMA", "QGMMA")
+
+
 def opcode(instruction: str) -> str:
     return instruction.split()[0].split(".")[0]
 
 
 def wgmma_runs(instructions: list[str]) -> list[tuple[int, int]]:
-    """(first, last) indices of each run of HGMMA instructions."""
-    at = [i for i, ins in enumerate(instructions) if opcode(ins) == "HGMMA"]
+    """(first, last) indices of each run of wgmma instructions."""
+    at = [i for i, ins in enumerate(instructions) if opcode(ins) in WGMMA_OPCODES]
     runs: list[tuple[int, int]] = []
     for i in at:
         if runs and i - runs[-1][1] <= RUN_GAP:
@@ -94,7 +98,7 @@ def main() -> None:
     print("  " + "  ".join(f"{name}={count}" for name, count in mix.most_common(16)))
     for first, last in wgmma_runs(instructions):
         run = [opcode(ins) for ins in instructions[first:last + 1]]
-        wgmmas = run.count("HGMMA")
+        wgmmas = sum(op in WGMMA_OPCODES for op in run)
         uniform = sum(op.startswith("U") and op != "UTMALDG" for op in run)
         shape = instructions[first].split()[0].split(".")[1]
         print(f"  run at {first:5d}: {wgmmas:2d} x {shape:10s} {uniform:3d} uniform ({uniform / wgmmas:.1f} per wgmma)")
