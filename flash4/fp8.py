@@ -108,11 +108,13 @@ def flash_attn_fp8_quantized(
     neither, v never. V given as an Fp8Tensor is laid out for the kernel on every call (a
     pass over V); ``transpose_fp8_v`` does that once, for V read by many calls.
 
-    With V per tensor and without ``return_lse``, most kernels sum each row's P on the
+    With V per tensor and without ``return_lse``, the kernels sum each row's P on the
     tensor cores: the e4m3-rounded P that multiplied V, so O is normalised by the weights
-    it was built from. With ``return_lse`` they sum the unrounded P, whose log is the true
-    LSE; ``out`` then differs slightly from the call without (by P's rounding error in
-    the sum, largest on rows of few keys)."""
+    it was built from; and they round P's e4m3 codes straight from the scores, linear in
+    the mantissa between powers of two (kernels/e4m3_codes.py; each P within about 6% of
+    exp, as e4m3's own rounding), with no exponential. With ``return_lse`` they take
+    exp2 and sum the unrounded P, whose log is the true LSE; ``out`` then differs slightly
+    from the call without (by P's rounding in the sum, largest on rows of few keys)."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
