@@ -334,7 +334,8 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # MUFU.EX2; GPU tests against the FP8 model passed). d128 full 555/697/884/949 ->
 # 540/669/829/882 (every 3rd), causal 327/518/730/865 -> 333/527/704/812 (every 4th); d64
 # full 371/466/621/696 -> 376/462/597/644, causal 234/323/499/604 -> 239/329/468/562. +1-2%
-# at 512-1k causal, -5-8% from 4k: MUFU's rate is not what binds; issue slots are.
+# at 512-1k causal, -5-8% from 4k: the cubic costs more issue slots than it frees on MUFU
+# (P's codes by rounding, which add none, then gained 5-19%; flash4/dispatch.py).
 # Probe, not a candidate (2026-11-30, two rounds, -fp8-probe-no-row-sum.json; output wrong
 # on purpose): the FP8 softmax without its row-sum additions (48 FADDs a thread per block
 # at head dim 128, a sixth of the loop's instructions) runs d64 full 465/695 -> 487/737,
