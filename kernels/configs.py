@@ -31,6 +31,8 @@ FP8_MMA_K = 32
 Q_IN_REGISTERS_MAX_HEAD_DIM = 128
 # The FP8 row-sum GEMM's width (kernels/tensor_core_row_sum.py): wgmma's narrowest N.
 ROW_SUM_COLUMNS = 8
+# Query blocks per cluster with kv_multicast: the smallest cluster that shares a load.
+KV_MULTICAST_CTAS = 2
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
@@ -111,10 +113,21 @@ class Sm90ForwardConfig:
     # bound the FP8 loop at head dims 64 and 128: without them it ran 5-19% faster (H200;
     # flash4/dispatch.py, the ninth sweep).
     fp8_p_by_rounding: bool = False
+    # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
+    # block: each loads half of it and multicasts it to both, so L2 serves each block once
+    # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
+    # a CTA). Not causal, where the pair's query blocks see different key blocks. [Sweep
+    # candidate.]
+    kv_multicast: bool = False
 
     @property
     def tile_m(self) -> int:
         return self.consumer_warpgroups * ROWS_PER_CONSUMER_WARPGROUP
+
+    @property
+    def cluster_ctas(self) -> int:
+        """CTAs per cluster: a pair of query blocks with kv_multicast, else one."""
+        return KV_MULTICAST_CTAS if self.kv_multicast else 1
 
     @property
     def o_in_q_buffer(self) -> bool:
@@ -178,6 +191,10 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
+            )
+        if self.kv_multicast and self.causal:
+            raise ValueError(
+                "kv_multicast=True: both query blocks of a cluster walk the same key blocks, so not causal"
             )
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")

@@ -56,6 +56,7 @@ from ..pipelines.tile_scheduler import TileScheduler
 from ..pipelines.tma_pipeline import (
     barrier_words,
     consumer_state,
+    finish_cluster,
     finish_init,
     make_tma_ring,
     producer_state,
@@ -223,11 +224,14 @@ class Sm90ForwardKernel:
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim)
         )
+        # kv_multicast: each CTA of a cluster loads its share of a K or V block into all.
+        ctas = self.config.cluster_ctas
+        load_kv = cpasync.CopyBulkTensorTileG2SMulticastOp() if ctas > 1 else load
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
-            load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim)
+            load_kv, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.head_dim), ctas
         )
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            load, mV, cute.select(sV_layout, mode=[0, 1]), self.v_tile()
+            load_kv, mV, cute.select(sV_layout, mode=[0, 1]), self.v_tile(), ctas
         )
         # O goes out through shared memory (Q's buffer or its own, see the epilogue).
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
@@ -237,6 +241,9 @@ class Sm90ForwardKernel:
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
         grid = self.scheduler(mQ).grid(max_ctas)
+        cluster = {}
+        if cutlass.const_expr(ctas > 1):
+            cluster = dict(cluster=[ctas, 1, 1])
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -249,6 +256,7 @@ class Sm90ForwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            **cluster,
         )
 
     def pv_mma(self, warpgroups: int) -> cute.TiledMma:
@@ -286,13 +294,20 @@ class Sm90ForwardKernel:
 
     def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
         """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
+        ctas = self.config.cluster_ctas
+        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        if cutlass.const_expr(ctas > 1):
+            # Whole clusters: a query block past seqlen_q loads zeros for Q, and the O store
+            # and the LSE skip its rows.
+            m_blocks = cute.ceil_div(m_blocks, ctas) * ctas
         return TileScheduler(
-            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
+            m_blocks,
             cute.size(mQ.shape[2]),
             cute.size(mQ.shape[3]),
             persistent=self.config.persistent,
             causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
+            cluster_ctas=ctas,
         )
 
     # ---------------------------------------------------------------- device side
@@ -328,13 +343,14 @@ class Sm90ForwardKernel:
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         # When the store frees Q's buffer, the one thread that issues the store releases it.
         q_releasers = THREADS_PER_WARP if self.q_freed_by_store else self.consumer_threads
+        ctas = self.config.cluster_ctas
         rings = Rings(
             q=make_tma_ring(storage.q_barriers.data_ptr(), self.q_stages, self.q_bytes, q_releasers),
             k=make_tma_ring(
-                storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+                storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads, ctas
             ),
             v=make_tma_ring(
-                storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads
+                storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads, ctas
             ),
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
@@ -349,7 +365,7 @@ class Sm90ForwardKernel:
         sO = rings.sQ[None, None, 0]
         if cutlass.const_expr(not self.config.o_in_q_buffer):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        finish_init()
+        finish_init(cluster=ctas > 1)
 
         scheduler = self.scheduler(mQ)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
@@ -364,6 +380,8 @@ class Sm90ForwardKernel:
                 tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, (mQDescale, mKDescale, mVDescale),
                 tma_atom_O, scheduler, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
+        if cutlass.const_expr(ctas > 1):
+            finish_cluster()
 
     @cute.jit
     def make_tile(self, scheduler: TileScheduler, position: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Tile:
@@ -459,9 +477,10 @@ class Sm90ForwardKernel:
         """The V ring as the B operand of O = P V: (head_dim, keys, stage)."""
         return cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)))
 
-    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor):
-        """TMA partitions of the V ring and of one head's V blocks (the last mode)."""
-        return tma_tile(atom, sV, mV, self.v_tile(), None)
+    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor, cta_rank=0):
+        """TMA partitions of the V ring and of one head's V blocks (the last mode); with
+        kv_multicast, the share of the CTA ranked ``cta_rank`` in its cluster."""
+        return tma_tile(atom, sV, mV, self.v_tile(), None, 0, cta_rank, self.config.cluster_ctas)
 
     def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> OnlineSoftmax:
         return OnlineSoftmax(softmax_scale_log2, rows, self.config.sum_from_rescaled)
@@ -501,8 +520,15 @@ class Sm90ForwardKernel:
         tma_atom_K, tma_atom_V = loads.atom_k, loads.atom_v
         kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
         kv_tile = (self.tile_n, self.head_dim)
-        tKsK, tKgK = tma_tile(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], kv_tile, None)
-        tVsV, tVgV = self.v_tiles(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch])
+        ctas = self.config.cluster_ctas
+        rank = 0
+        kv_copy = {}
+        if cutlass.const_expr(ctas > 1):
+            # This CTA's share of each K and V block, multicast to every CTA of the cluster.
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            kv_copy = dict(mcast_mask=cutlass.Int16((1 << ctas) - 1))
+        tKsK, tKgK = tma_tile(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], kv_tile, None, 0, rank, ctas)
+        tVsV, tVgV = self.v_tiles(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], rank)
         k_ring, v_ring = rings.k, rings.v
 
         # K of the first block goes out before Q: both are needed for the first GEMM, and
@@ -514,7 +540,7 @@ class Sm90ForwardKernel:
         n_block = tile.n_block_max - 1
         k_ring.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
-                  tma_bar_ptr=k_ring.producer_get_barrier(state))
+                  tma_bar_ptr=k_ring.producer_get_barrier(state), **kv_copy)
         if cutlass.const_expr(self.q_stages == 1):
             q_state = self.load_q(loads, rings, tile, q_state)
         # Steady state: K of the next block runs one block ahead of V, in the order the
@@ -524,14 +550,14 @@ class Sm90ForwardKernel:
             state.advance()
             k_ring.producer_acquire(state)
             cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
-                      tma_bar_ptr=k_ring.producer_get_barrier(state))
+                      tma_bar_ptr=k_ring.producer_get_barrier(state), **kv_copy)
             v_ring.producer_acquire(v_state)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, v_state.index],
-                      tma_bar_ptr=v_ring.producer_get_barrier(v_state))
+                      tma_bar_ptr=v_ring.producer_get_barrier(v_state), **kv_copy)
             n_block -= 1
         v_ring.producer_acquire(state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state.index],
-                  tma_bar_ptr=v_ring.producer_get_barrier(state))
+                  tma_bar_ptr=v_ring.producer_get_barrier(state), **kv_copy)
         state.advance()
         return q_state, state
 

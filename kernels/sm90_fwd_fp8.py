@@ -71,16 +71,20 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def v_operand(self, sV: cute.Tensor) -> cute.Tensor:
         return sV
 
-    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor):
+    def v_tiles(self, atom: cute.CopyAtom, sV: cute.Tensor, mV: cute.Tensor, cta_rank=0):
         # One row of tiles (all of head_dim); the key blocks are the last mode.
-        return tma_tile(atom, sV, mV, self.v_tile(), 0, None)
+        return tma_tile(atom, sV, mV, self.v_tile(), 0, None, cta_rank, self.config.cluster_ctas)
 
     @cute.jit
     def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> BlockScaledSoftmax:
         q_descale, k_descale, v_descale = descales
         kv_head = tile.head // (q_descale.shape[1] // k_descale.shape[1])
+        q_block = tile.m_block
+        if cutlass.const_expr(self.config.cluster_ctas > 1):
+            # A cluster's query block past seqlen_q has no descale; its rows are never stored.
+            q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
         return BlockScaledSoftmax(
-            softmax_scale_log2 * q_descale[tile.batch, tile.head, tile.m_block],
+            softmax_scale_log2 * q_descale[tile.batch, tile.head, q_block],
             rows,
             k_descale[tile.batch, kv_head, None],
             v_descale[tile.batch, kv_head, None],

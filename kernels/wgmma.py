@@ -57,13 +57,17 @@ def rows_first(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
 
 
-def tma_tile(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block, col_block=0):
+def tma_tile(
+    atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile: tuple, block, col_block=0, cta_rank=0,
+    ctas: int = 1,
+):
     """(smem, gmem) partitions for a TMA copy between ``smem`` and the ``tile``-shaped tiles
     of the 2-D ``gmem``: ``block`` picks the row of tiles (None keeps it as the last mode),
-    ``col_block`` the column of tiles."""
+    ``col_block`` the column of tiles. A multicast atom over ``ctas`` CTAs: the share of
+    the CTA ranked ``cta_rank`` in the cluster."""
     tiles = cute.local_tile(gmem, tile, (block, col_block))
     return cpasync.tma_partition(
-        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+        atom, cta_rank, cute.make_layout(ctas), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
     )
 
 

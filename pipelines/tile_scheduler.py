@@ -15,6 +15,11 @@ position names one tile.
 
 With ``longest_first`` (causal, one tile per CTA), query blocks are launched from the last
 to the first: the longest tiles start first and the short ones fill the tail.
+
+With ``cluster_ctas`` > 1 (clusters sharing K and V by multicast), the CTAs of a cluster
+take adjacent query blocks of one head, the CTA's rank in the cluster picking its block;
+a persistent grid shares out whole clusters' tiles, so the CTAs of a cluster walk the same
+heads in lock step. ``num_m_blocks`` must then be a multiple of ``cluster_ctas``.
 """
 
 from __future__ import annotations
@@ -33,15 +38,19 @@ class TileScheduler:
         persistent: bool,
         causal_pairs: bool,
         longest_first: bool,
+        cluster_ctas: int = 1,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
+        if causal_pairs and cluster_ctas > 1:
+            raise ValueError("causal pairs walk different key blocks: no clusters")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
         self.persistent = persistent
         self.causal_pairs = causal_pairs
         self.longest_first = longest_first
+        self.cluster_ctas = cluster_ctas
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
     # carry it through the loop as run-time values (its three sizes).
@@ -50,16 +59,18 @@ class TileScheduler:
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
         return TileScheduler(
-            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first
+            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas
         )
 
     def pairs_per_head(self) -> Int32:
         return (self.num_m_blocks + 1) // 2
 
     def work_units(self) -> Int32:
-        """What the CTAs share out: pairs of tiles, or tiles."""
+        """What the CTAs (or clusters) share out: pairs of tiles, or tiles (one a CTA)."""
         if self.causal_pairs:
             return self.pairs_per_head() * self.heads * self.batch
+        if self.cluster_ctas > 1:
+            return self.num_m_blocks // self.cluster_ctas * self.heads * self.batch
         return self.num_m_blocks * self.heads * self.batch
 
     def end(self) -> Int32:
@@ -69,6 +80,9 @@ class TileScheduler:
         return self.work_units()
 
     def grid(self, max_ctas: Int32) -> tuple:
+        if self.persistent and self.cluster_ctas > 1:
+            clusters = cutlass.min(self.work_units(), max_ctas // self.cluster_ctas)
+            return (clusters * self.cluster_ctas, 1, 1)
         if self.persistent:
             return (cutlass.min(self.work_units(), max_ctas), 1, 1)
         return (self.num_m_blocks, self.heads, self.batch)
@@ -78,6 +92,8 @@ class TileScheduler:
         """This CTA's first position."""
         bx, by, bz = cute.arch.block_idx()
         position = bx
+        if cutlass.const_expr(self.cluster_ctas > 1):
+            position = bx // self.cluster_ctas
         if cutlass.const_expr(self.causal_pairs):
             position = 2 * bx
         if cutlass.const_expr(not self.persistent):
@@ -90,6 +106,8 @@ class TileScheduler:
         following = position + self.end()
         if cutlass.const_expr(self.persistent):
             following = position + cute.arch.grid_dim()[0]
+        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
+            following = position + cute.arch.grid_dim()[0] // self.cluster_ctas
         if cutlass.const_expr(self.causal_pairs):
             # The second tile of this pair, then the first tile of this CTA's next pair.
             following = position + 1
@@ -115,6 +133,8 @@ class TileScheduler:
         if cutlass.const_expr(self.causal_pairs):
             per_head = self.pairs_per_head()
             index = position // 2
+        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
+            per_head = self.num_m_blocks // self.cluster_ctas
         m_block = index % per_head
         rest = index // per_head
         head = rest % self.heads
@@ -125,4 +145,7 @@ class TileScheduler:
                 m_block = self.num_m_blocks - 1 - m_block
         elif cutlass.const_expr(self.longest_first):
             m_block = self.num_m_blocks - 1 - m_block
+        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            m_block = m_block * self.cluster_ctas + rank
         return m_block, head, batch

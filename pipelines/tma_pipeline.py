@@ -26,26 +26,41 @@ from .warp_roles import THREADS_PER_WARP
 
 
 def make_tma_ring(
-    barriers: cute.Pointer, stages: int, tx_bytes: int, consumer_threads: int
+    barriers: cute.Pointer, stages: int, tx_bytes: int, consumer_threads: int, multicast_ctas: int = 1
 ) -> cpipe.PipelineTmaAsync:
     """A ring of ``stages`` buffers loaded by one TMA thread, read by ``consumer_threads``.
 
     PipelineTmaAsync lets only lane 0 of each consumer warp arrive on *empty*, so the
-    arrive count is the number of consumer warps.
+    arrive count is the number of consumer warps. With ``multicast_ctas`` > 1, every CTA of
+    the cluster loads a share of each stage into all of them: a stage is free only when the
+    consumers of every CTA are done with it, so lanes 0 .. multicast_ctas - 1 of each
+    consumer warp arrive on the *empty* barrier of CTA (lane), and each *empty* counts
+    consumer warps times CTAs. *full* still expects the whole stage's bytes.
     """
     if consumer_threads % THREADS_PER_WARP:
         raise ValueError(f"consumer_threads={consumer_threads} is not a whole number of warps")
     if stages < 1:
         raise ValueError(f"stages={stages}: a ring needs at least one stage")
-    consumer_warps = consumer_threads // THREADS_PER_WARP
+    consumers = consumer_threads // THREADS_PER_WARP
+    multicast = {}
+    if multicast_ctas > 1:
+        # The cluster's CTAs along one mode of (v, m, n, k), each stage multicast to all;
+        # CUTLASS derives the arrive count from the consumer threads.
+        consumers = consumer_threads
+        multicast = dict(
+            cta_layout_vmnk=cute.make_layout((1, multicast_ctas, 1, 1)),
+            mcast_mode_mn=(0, 1),
+            enable_multicast_signaling=True,
+        )
     return cpipe.PipelineTmaAsync.create(
         barrier_storage=barriers,
         num_stages=stages,
         producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
-        consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumer_warps),
+        consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumers),
         tx_count=tx_bytes,
         # The kernel fences and syncs once after initialising every ring.
         defer_sync=True,
+        **multicast,
     )
 
 
@@ -63,7 +78,19 @@ def barrier_words(stages: int) -> int:
     return 2 * stages
 
 
-def finish_init() -> None:
-    """Make the barriers' initialisation visible to every thread and the TMA engine."""
+def finish_init(cluster: bool = False) -> None:
+    """Make the barriers' initialisation visible to every thread and the TMA engine, and,
+    in a cluster, to the other CTAs, whose multicasts and arrivals reach these barriers."""
     cute.arch.mbarrier_init_fence()
-    cute.arch.sync_threads()
+    if cluster:
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+    else:
+        cute.arch.sync_threads()
+
+
+def finish_cluster() -> None:
+    """Before a CTA of a cluster exits: the other CTAs' consumers arrive on this one's
+    *empty* barriers until their last release, so its shared memory must outlive them."""
+    cute.arch.cluster_arrive()
+    cute.arch.cluster_wait()

@@ -358,3 +358,19 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+@pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
+def test_kv_multicast_candidate_changes_no_bit(head_dim, persistent, seqlen_q, seqlen_k):
+    # Clusters of two CTAs sharing each K and V block by multicast (kv_multicast) load the
+    # same bytes into the same places, so the same bits as the CTAs loading alone. 1100 and
+    # 17 queries give an odd number of query blocks: the last cluster's second block lies
+    # past seqlen_q. With 4 * 8 heads a persistent cluster loops over several tiles.
+    slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
+    seed = hash(("kv-multicast", head_dim, persistent, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    want, want_lse = _run_config_variant(q, k, v, False, persistent=persistent, **slots)
+    out, lse = _run_config_variant(q, k, v, False, persistent=persistent, kv_multicast=True, **slots)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
