@@ -66,10 +66,11 @@ class TileScheduler:
         return (self.num_m_blocks + 1) // 2
 
     def work_units(self) -> Int32:
-        """What the CTAs (or clusters) share out: pairs of tiles, or tiles (one a CTA)."""
+        """What the CTAs (or persistent clusters) share out: pairs of tiles, or tiles."""
         if self.causal_pairs:
             return self.pairs_per_head() * self.heads * self.batch
-        if self.cluster_ctas > 1:
+        if self.persistent and self.cluster_ctas > 1:
+            # A persistent grid shares out whole clusters' tiles.
             return self.num_m_blocks // self.cluster_ctas * self.heads * self.batch
         return self.num_m_blocks * self.heads * self.batch
 

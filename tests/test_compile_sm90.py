@@ -35,6 +35,9 @@ def test_kernel_compiles_with_hopper_instructions(entry):
     assert report.registers > 0, "ptxas's remarks were not captured"
     assert report.spill_bytes == 0, f"{entry} spills {report.spill_bytes} bytes"
     assert report.serialized_wgmma == 0, f"ptxas serialised {report.serialized_wgmma} wgmma groups in {entry}"
+    # Rows whose clusters share K and V load them by multicast, and only those.
+    multicasts = report.ptx.count(".multicast::cluster")
+    assert (multicasts > 0) == entry.config.kv_multicast, f"{multicasts} multicast loads in {entry}"
 
 
 @pytest.mark.parametrize("entry", SM90_ROWS[:2], ids=["full", "causal"])
