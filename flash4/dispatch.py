@@ -21,9 +21,9 @@ _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
 # Head dim 256 below 1-2k: 64 divides the protocol's short sequences, 80 leaves part of the
 # last key block empty (512 keys in 560).
 SHORT_TILE_N_256 = 64
-# Head dim 256 unmasked from here on: clusters of two query blocks share each K and V block
-# by multicast (kv_multicast); from 4k on +2-3% (below).
-KV_MULTICAST_MIN_SEQLEN_256 = 2048
+# Unmasked from these query lengths on, clusters of two query blocks share each K and V
+# block by multicast (kv_multicast; see _sm90_configs).
+KV_MULTICAST_MIN_SEQLEN = {128: 16384, 256: 4096}
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
@@ -85,6 +85,16 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - Head dim 256 full below 1k queries persistent (2026-11-30, three rounds,
       -fwd-sweep-d256-short.json): 473 -> 493 at 512 (cuDNN 495), as one round had shown
       (488 -> 503); at 1k it ties (572 -> 575), and ping-pong ties at 512 and 1k.
+    - Unmasked at head dims 128 and 256, clusters of two CTAs on adjacent query blocks
+      sharing each K and V block by multicast, so L2 serves it once per pair (kv_multicast;
+      2026-11-30, three rounds, --control, -fwd-sweep-kv-multicast*.json; medians, the
+      selector's two copies against the candidate): head dim 256 at 2k / 4k / 8k / 16k
+      646/646 -> 648, 662 -> 682/686, 691 -> 722/720, 714 -> 739/736 (flash-attn-4 654 /
+      682 / 718 / 724; a first sweep 677/666 -> 683 at 4k, 718/713 -> 738 at 16k, tied at
+      1k); head dim 128 at 16k 662/651 -> 668 and 645/644 -> 660 in two sweeps, but tied
+      at 1k / 4k / 8k (571/580 -> 574, 647/639 -> 644, 656/649 -> 655). Not causal, where
+      the pair's query blocks see different key blocks; not at head dim 64, whose three
+      warpgroups then spill.
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -100,7 +110,10 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     elif head_dim == 256:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 1024, base
-        yield KV_MULTICAST_MIN_SEQLEN_256, replace(base, kv_multicast=True)
+        yield KV_MULTICAST_MIN_SEQLEN[256], replace(base, kv_multicast=True)
+    elif head_dim == 128 and not causal:
+        yield 1, base
+        yield KV_MULTICAST_MIN_SEQLEN[128], replace(base, kv_multicast=True)
     elif head_dim != 64:
         yield 1, base
     elif not causal:

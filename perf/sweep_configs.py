@@ -155,7 +155,7 @@ from flash4.interface import LOG2_E, device_sms
 # stages and one Q slot (O staged in Q's buffer, so the shared O store), 224 KiB. Faster
 # rounds, full 625/638/650 -> 518/612/645, causal 463/581/622 -> 403/556/623: the K/V
 # loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(kv_multicast=True)], 256: [dict(), dict(kv_multicast=False)]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -363,7 +363,12 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # third K/V stage (761/848, 603/727/818/901: within the rounds' spread) and no ping-pong
 # (760/848, 586/719/802/893). Three warpgroups on 96-key blocks cannot hold Q: ptxas spills
 # 64 bytes and serialises the wgmmas, with the row sums on the tensor cores or without.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(kv_multicast=True)], 256: [dict(), dict(kv_multicast=True)]}
+# Not taken (2026-11-30, three rounds, --control, 1k / 4k / 16k; -fp8-sweep-kv-multicast.json):
+# head dim 128 unmasked with clusters of two CTAs sharing K and V by multicast
+# (kv_multicast, which the 16-bit rows take from 16k at 128 and 4k at 256). Fastest rounds,
+# the table's two copies against it: 857/852 -> 868, 1002/983 -> 984, 1053/1056 -> 1063,
+# within their spread. Head dim 256, at 98% of the FP8 matmul's rate, was not swept.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

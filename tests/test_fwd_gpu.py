@@ -363,7 +363,7 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
 @pytest.mark.parametrize("head_dim", (128, 256))
 @pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
-def test_kv_multicast_candidate_changes_no_bit(head_dim, persistent, seqlen_q, seqlen_k):
+def test_kv_multicast_changes_no_bit(head_dim, persistent, seqlen_q, seqlen_k):
     # Clusters of two CTAs sharing each K and V block by multicast (kv_multicast) load the
     # same bytes into the same places, so the same bits as the CTAs loading alone. 1100 and
     # 17 queries give an odd number of query blocks: the last cluster's second block lies
