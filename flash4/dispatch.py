@@ -93,8 +93,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       682 / 718 / 724; a first sweep 677/666 -> 683 at 4k, 718/713 -> 738 at 16k, tied at
       1k); head dim 128 at 16k 662/651 -> 668 and 645/644 -> 660 in two sweeps, but tied
       at 1k / 4k / 8k (571/580 -> 574, 647/639 -> 644, 656/649 -> 655). Not causal, where
-      the pair's query blocks see different key blocks; not at head dim 64, whose three
-      warpgroups then spill.
+      the pair's query blocks see different key blocks. Not at head dim 64 (its three
+      warpgroups spill 12 bytes with it, stored once a tile): 2k / 8k / 16k 490/489 -> 457,
+      529/523 -> 516, 536/536 -> 542 (-kv-multicast-d64.json).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(

@@ -360,7 +360,7 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", (128, 256))
 @pytest.mark.parametrize("persistent", (False, True), ids=("one-tile", "persistent"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
 def test_kv_multicast_changes_no_bit(head_dim, persistent, seqlen_q, seqlen_k):
