@@ -116,7 +116,8 @@ class Sm90ForwardConfig:
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
     # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
-    # a CTA). Not causal, where the pair's query blocks see different key blocks. The
+    # a CTA). Causal one-tile grids: the pair walks its later block's keys, the earlier
+    # block masking the extra ones whole; not causal persistent ones. The
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
     # (+1-2%; flash4/dispatch.py).
     kv_multicast: bool = False
@@ -193,9 +194,10 @@ class Sm90ForwardConfig:
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
             )
-        if self.kv_multicast and self.causal:
+        if self.kv_multicast and self.causal and self.persistent:
             raise ValueError(
-                "kv_multicast=True: both query blocks of a cluster walk the same key blocks, so not causal"
+                "kv_multicast=True: not with causal=True and persistent=True (a persistent causal CTA runs "
+                "balanced pairs of far-apart query blocks, which see different key blocks)"
             )
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")

@@ -491,8 +491,14 @@ class Sm90ForwardKernel:
         """One past the last key block any row of the tile sees (<= 0: none)."""
         n_end = cute.ceil_div(seqlen_k, self.tile_n)
         if cutlass.const_expr(self.causal):
+            last_block = m_block
+            ctas = self.config.cluster_ctas
+            if cutlass.const_expr(ctas > 1):
+                # The CTAs of a cluster walk the key blocks of its last query block: the
+                # others mask their extra blocks whole.
+                last_block = m_block // ctas * ctas + ctas - 1
             # The tile's last row sees keys up to row + seqlen_k - seqlen_q.
-            last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
+            last_key = (last_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
             if last_key < 0:
                 n_end = 0
             else:
