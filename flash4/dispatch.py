@@ -21,9 +21,9 @@ _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
 # Head dim 256 below 1-2k: 64 divides the protocol's short sequences, 80 leaves part of the
 # last key block empty (512 keys in 560).
 SHORT_TILE_N_256 = 64
-# Unmasked from these query lengths on, clusters of two query blocks share each K and V
-# block by multicast (kv_multicast; see _sm90_configs).
-KV_MULTICAST_MIN_SEQLEN = {128: 16384, 256: 4096}
+# From these query lengths on, clusters of two query blocks share each K and V block by
+# multicast (kv_multicast; see _sm90_configs), by (head dim, causal).
+KV_MULTICAST_MIN_SEQLEN = {(128, False): 16384, (256, False): 4096, (128, True): 16384, (256, True): 16384}
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
@@ -96,6 +96,12 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       the pair's query blocks see different key blocks. Not at head dim 64 (its three
       warpgroups spill 12 bytes with it, stored once a tile): 2k / 8k / 16k 490/489 -> 457,
       529/523 -> 516, 536/536 -> 542 (-kv-multicast-d64.json).
+      Causal (-kv-multicast-causal.json, three rounds, medians), a cluster walking the key
+      blocks of its later query block, which the earlier one masks whole; one tile per CTA
+      only (persistent causal CTAs run balanced pairs of far-apart blocks): head dim 256
+      at 16k (one tile per CTA there already) 689/688 -> 711, at 8k one-tile 649/645 ->
+      623; head dim 128 one-tile at 16k 613/617 -> 632, at 8k 601/596 -> 582 (flash-attn-4
+      690, 660, 618, 595).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -107,16 +113,19 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 2048, replace(base, persistent=True)
-        yield 16384, base
+        yield KV_MULTICAST_MIN_SEQLEN[256, True], replace(base, kv_multicast=True)
     elif head_dim == 256:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 1024, base
-        yield KV_MULTICAST_MIN_SEQLEN[256], replace(base, kv_multicast=True)
+        yield KV_MULTICAST_MIN_SEQLEN[256, False], replace(base, kv_multicast=True)
     elif head_dim == 128 and not causal:
         yield 1, base
-        yield KV_MULTICAST_MIN_SEQLEN[128], replace(base, kv_multicast=True)
-    elif head_dim != 64:
+        yield KV_MULTICAST_MIN_SEQLEN[128, False], replace(base, kv_multicast=True)
+    elif head_dim == 128:
         yield 1, base
+        # One tile per CTA (one Q slot, O staged in Q's buffer), which clusters allow.
+        one_tile = replace(base, persistent=False, q_stages=1, o_store_per_warpgroup=False)
+        yield KV_MULTICAST_MIN_SEQLEN[128, True], replace(one_tile, kv_multicast=True)
     elif not causal:
         yield 1, replace(base, consumer_warpgroups=3)
     else:

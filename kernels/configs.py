@@ -119,7 +119,7 @@ class Sm90ForwardConfig:
     # a CTA). Causal one-tile grids: the pair walks its later block's keys, the earlier
     # block masking the extra ones whole; not causal persistent ones. The
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
-    # (+1-2%; flash4/dispatch.py).
+    # (+1-2%), the causal ones at 16k (+2-3%; flash4/dispatch.py).
     kv_multicast: bool = False
 
     @property
