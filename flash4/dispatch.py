@@ -101,7 +101,8 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       only (persistent causal CTAs run balanced pairs of far-apart blocks): head dim 256
       at 16k (one tile per CTA there already) 689/688 -> 711, at 8k one-tile 649/645 ->
       623; head dim 128 one-tile at 16k 613/617 -> 632, at 8k 601/596 -> 582 (flash-attn-4
-      690, 660, 618, 595).
+      690, 660, 618, 595). Unmasked head dim 128 on one tile per CTA with clusters lost
+      (8k / 16k 663/654 -> 646, 661/673 -> 659; -kv-multicast-d128-one-tile.json).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
