@@ -93,7 +93,7 @@ class TileScheduler:
         """This CTA's first position."""
         bx, by, bz = cute.arch.block_idx()
         position = bx
-        if cutlass.const_expr(self.cluster_ctas > 1):
+        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
             position = bx // self.cluster_ctas
         if cutlass.const_expr(self.causal_pairs):
             position = 2 * bx
