@@ -116,8 +116,8 @@ class Sm90ForwardConfig:
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
     # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
-    # a CTA). Causal one-tile grids: the pair walks its later block's keys, the earlier
-    # block masking the extra ones whole; not causal persistent ones. The
+    # a CTA). Causal: the pair walks its later block's keys, the earlier block masking the
+    # extra ones whole (persistent causal grids pair whole clusters' blocks). The
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
     # (+1-2%), the causal ones at 16k (+2-3%; flash4/dispatch.py).
     kv_multicast: bool = False
@@ -193,11 +193,6 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
-            )
-        if self.kv_multicast and self.causal and self.persistent:
-            raise ValueError(
-                "kv_multicast=True: not with causal=True and persistent=True (a persistent causal CTA runs "
-                "balanced pairs of far-apart query blocks, which see different key blocks)"
             )
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")

@@ -18,8 +18,10 @@ to the first: the longest tiles start first and the short ones fill the tail.
 
 With ``cluster_ctas`` > 1 (clusters sharing K and V by multicast), the CTAs of a cluster
 take adjacent query blocks of one head, the CTA's rank in the cluster picking its block;
-a persistent grid shares out whole clusters' tiles, so the CTAs of a cluster walk the same
-heads in lock step. ``num_m_blocks`` must then be a multiple of ``cluster_ctas``.
+a persistent grid shares out *units*, one cluster's blocks each (causal: in balanced pairs
+of units, a unit costing the key blocks of its last query block), so the CTAs of a
+cluster walk the same tiles in lock step. ``num_m_blocks`` must then be a multiple of
+``cluster_ctas``.
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ class TileScheduler:
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
-        if causal_pairs and cluster_ctas > 1:
-            raise ValueError("causal pairs walk different key blocks: no clusters")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
@@ -62,16 +62,21 @@ class TileScheduler:
             *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas
         )
 
+    def units_per_head(self) -> Int32:
+        """What a persistent grid hands out per head: query blocks, or whole clusters' blocks."""
+        if self.cluster_ctas > 1:
+            return self.num_m_blocks // self.cluster_ctas
+        return self.num_m_blocks
+
     def pairs_per_head(self) -> Int32:
-        return (self.num_m_blocks + 1) // 2
+        return (self.units_per_head() + 1) // 2
 
     def work_units(self) -> Int32:
-        """What the CTAs (or persistent clusters) share out: pairs of tiles, or tiles."""
+        """What the CTAs (or persistent clusters) share out: pairs of units, or units."""
         if self.causal_pairs:
             return self.pairs_per_head() * self.heads * self.batch
-        if self.persistent and self.cluster_ctas > 1:
-            # A persistent grid shares out whole clusters' tiles.
-            return self.num_m_blocks // self.cluster_ctas * self.heads * self.batch
+        if self.persistent:
+            return self.units_per_head() * self.heads * self.batch
         return self.num_m_blocks * self.heads * self.batch
 
     def end(self) -> Int32:
@@ -89,14 +94,22 @@ class TileScheduler:
         return (self.num_m_blocks, self.heads, self.batch)
 
     @cute.jit
+    def walkers(self) -> Int32:
+        """How many CTAs (or clusters) of a persistent grid take turns over the positions."""
+        if cutlass.const_expr(self.cluster_ctas > 1):
+            return cute.arch.grid_dim()[0] // self.cluster_ctas
+        return cute.arch.grid_dim()[0]
+
+    @cute.jit
     def first(self) -> Int32:
         """This CTA's first position."""
         bx, by, bz = cute.arch.block_idx()
-        position = bx
+        walker = bx
         if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
-            position = bx // self.cluster_ctas
+            walker = bx // self.cluster_ctas
+        position = walker
         if cutlass.const_expr(self.causal_pairs):
-            position = 2 * bx
+            position = 2 * walker
         if cutlass.const_expr(not self.persistent):
             position = bx + self.num_m_blocks * (by + self.heads * bz)
         return position
@@ -106,24 +119,22 @@ class TileScheduler:
         """This CTA's position after ``position``; past ``end()`` for a one-tile CTA."""
         following = position + self.end()
         if cutlass.const_expr(self.persistent):
-            following = position + cute.arch.grid_dim()[0]
-        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
-            following = position + cute.arch.grid_dim()[0] // self.cluster_ctas
+            following = position + self.walkers()
         if cutlass.const_expr(self.causal_pairs):
             # The second tile of this pair, then the first tile of this CTA's next pair.
             following = position + 1
             if position % 2 == 1:
-                following = position + 2 * cute.arch.grid_dim()[0] - 1
+                following = position + 2 * self.walkers() - 1
         return following
 
     @cute.jit
     def valid(self, position: Int32) -> cutlass.Boolean:
-        """Whether ``position`` names a tile: with an odd number of query blocks, the middle
-        block is paired with itself and only its first position counts."""
+        """Whether ``position`` names a tile: with an odd number of units, the middle one is
+        paired with itself and only its first position counts."""
         ok = position < self.end()
         if cutlass.const_expr(self.causal_pairs):
             pair = (position // 2) % self.pairs_per_head()
-            ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.num_m_blocks)
+            ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.units_per_head())
         return ok
 
     @cute.jit
@@ -131,19 +142,19 @@ class TileScheduler:
         """(query block, head, batch) of the tile at ``position``."""
         per_head = self.num_m_blocks
         index = position
+        if cutlass.const_expr(self.persistent):
+            per_head = self.units_per_head()
         if cutlass.const_expr(self.causal_pairs):
             per_head = self.pairs_per_head()
             index = position // 2
-        if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
-            per_head = self.num_m_blocks // self.cluster_ctas
         m_block = index % per_head
         rest = index // per_head
         head = rest % self.heads
         batch = rest // self.heads
         if cutlass.const_expr(self.causal_pairs):
-            # The long tile first, then its short mate.
+            # The long unit first, then its short mate.
             if position % 2 == 0:
-                m_block = self.num_m_blocks - 1 - m_block
+                m_block = self.units_per_head() - 1 - m_block
         elif cutlass.const_expr(self.longest_first):
             m_block = self.num_m_blocks - 1 - m_block
         if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
