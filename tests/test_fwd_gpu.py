@@ -360,26 +360,38 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-@pytest.mark.parametrize("head_dim", (128, 256))
-@pytest.mark.parametrize(
-    "causal,persistent",
-    ((False, False), (False, True), (True, False), (True, True)),
-    ids=("full-one-tile", "full-persistent", "causal-one-tile", "causal-persistent"),
-)
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
-def test_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k):
+KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
+
+
+def _check_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k):
     # Clusters of two CTAs sharing each K and V block by multicast (kv_multicast) load the
     # same bytes into the same places, so the same bits as the CTAs loading alone. 1100 and
     # 17 queries give an odd number of query blocks: the last cluster's second block lies
     # past seqlen_q. With 4 * 8 heads a persistent cluster loops over several tiles. Causal,
     # a cluster walks the key blocks of its later query block, which the earlier one masks
     # whole: a row's first blocks then leave it at max -inf, and with 1100 queries on 700
-    # keys some query blocks see no key at all while their partner does. Causal persistent
-    # clusters run in balanced pairs of units (two query blocks each), 1100 queries giving
-    # an odd number of units, the middle one paired with itself.
+    # keys some query blocks see no key at all while their partner does.
     slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
     seed = hash(("kv-multicast", head_dim, causal, persistent, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     want, want_lse = _run_config_variant(q, k, v, causal, persistent=persistent, **slots)
     out, lse = _run_config_variant(q, k, v, causal, persistent=persistent, kv_multicast=True, **slots)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+@pytest.mark.parametrize(
+    "causal,persistent", ((False, False), (False, True), (True, False)),
+    ids=("full-one-tile", "full-persistent", "causal-one-tile"),
+)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", KV_MULTICAST_SEQLENS)
+def test_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k):
+    _check_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k)
+
+
+@pytest.mark.parametrize("head_dim", (128, 256))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", KV_MULTICAST_SEQLENS)
+def test_kv_multicast_causal_persistent_candidate_changes_no_bit(head_dim, seqlen_q, seqlen_k):
+    # Causal persistent clusters run in balanced pairs of units (two query blocks each);
+    # 1100 queries give an odd number of units, the middle one paired with itself.
+    _check_kv_multicast_changes_no_bit(head_dim, True, True, seqlen_q, seqlen_k)
