@@ -8,7 +8,7 @@ its median. Two rounds of one kernel differed by up to 10% on the H200, so a sin
 decides nothing below that. Each candidate's largest distance to torch SDPA's output (dq
 for the backward) is printed beside its time: a fast wrong kernel is no candidate.
 
-    python perf/sweep_configs.py [--pass bwd] [--hdim 128] [--seqlen 2048 8192] [--rounds 5]
+    python perf/sweep_configs.py [--pass bwd] [--hdim 128] [--seqlen 2048 8192] [--rounds 5] [--group 8]
                                  [--out perf/results/h200/DATE-sweep.json]
 
 With ``--out``, the records (each candidate's rounds and distance, the versions, the
@@ -373,6 +373,14 @@ PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """torch SDPA on flash4's (batch, seqlen, heads, head_dim) layout, k and v with fewer
+    heads under GQA: what a candidate's output is measured against."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=scale, enable_gqa=k.shape[2] != q.shape[2]
+    ).transpose(1, 2)
+
+
 def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callable[..., bench.Prepared]:
     """A bench provider running ``entry``'s kernel; its distance to SDPA goes to ``diffs``
     (a fast wrong kernel is no candidate)."""
@@ -381,9 +389,7 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
         kernel = compiled_forward(entry)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-        expected = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=scale
-        ).transpose(1, 2)
+        expected = sdpa(q, k, v, causal, scale)
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
@@ -420,9 +426,7 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
             tile_descales(v8, batch, kv_heads, blocks_k),
         )
         out = torch.empty(q.shape, dtype=OUT_DTYPE, device=q.device)
-        expected = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=scale
-        ).transpose(1, 2)
+        expected = sdpa(q, k, v, causal, scale)
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
@@ -448,9 +452,7 @@ def backward_candidate(config: Any, diffs: dict[str, float], label: str) -> Call
         out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
         dout = bench.dout_like(out)
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        expected = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2) for x in leaves), is_causal=causal, scale=scale
-        ).transpose(1, 2)
+        expected = sdpa(*leaves, causal, scale)
         expected_dq = torch.autograd.grad(expected, leaves[0], dout)[0]
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
 
@@ -476,6 +478,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fp8"), default="fwd")
     parser.add_argument("--out", type=Path, default=None, help="JSON of the records, written after every shape")
+    parser.add_argument("--group", type=int, default=1,
+                        help="query heads per kv head (GQA/MQA when > 1), as `python -m flash4 bench --group`")
     parser.add_argument("--control", action="store_true",
                         help="time the selector's configuration a second time, after the candidates")
     args = parser.parse_args()
@@ -486,7 +490,7 @@ def main() -> None:
     }
     causal_modes = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
     backward = args.pass_ == "bwd"
-    for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes, passes=(args.pass_,)):
+    for shape in bench.protocol_shapes(args.hdim, args.seqlen, causal_modes, passes=(args.pass_,), group=args.group):
         diffs: dict[str, float] = {}
         providers: dict[str, Callable[..., bench.Prepared]] = {}
         if backward:
