@@ -23,7 +23,9 @@ _SM90_TILE_N = {64: 128, 128: 128, 256: 80}
 SHORT_TILE_N_256 = 64
 # From these query lengths on, clusters of two query blocks share each K and V block by
 # multicast (kv_multicast; see _sm90_configs), by (head dim, causal).
-KV_MULTICAST_MIN_SEQLEN = {(128, False): 16384, (256, False): 4096, (128, True): 16384, (256, True): 16384}
+KV_MULTICAST_MIN_SEQLEN = {(128, False): 16384, (256, False): 4096, (128, True): 8192, (256, True): 8192}
+# Causal with clusters, from this query length on one tile per CTA beats a persistent grid.
+CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
@@ -103,6 +105,13 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       623; head dim 128 one-tile at 16k 613/617 -> 632, at 8k 601/596 -> 582 (flash-attn-4
       690, 660, 618, 595). Unmasked head dim 128 on one tile per CTA with clusters lost
       (8k / 16k 663/654 -> 646, 661/673 -> 659; -kv-multicast-d128-one-tile.json).
+      Causal persistent grids with clusters, which share out balanced pairs of units
+      (a unit: one cluster's two query blocks), at 8k, in two sweeps (three rounds,
+      --control, -kv-multicast-causal-persistent{,-confirm}.json): head dim 256 646/651 ->
+      668 and 653/647 -> 669, 128 606/610 -> 616 and 610/606 -> 616 (flash-attn-4 658-659,
+      599-604). Lost or tied at 2k (d256 546/544 -> 534, d128 535/532 -> 525) and 4k (d256
+      611/612 -> 624, then 609/617 -> 615; d128 577/586 -> 573, 582/584 -> 576), and tied
+      at 16k against the one-tile clusters (d256 708/704 -> 704, d128 639/639 -> 637).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -114,7 +123,8 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     if head_dim == 256 and causal:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 2048, replace(base, persistent=True)
-        yield KV_MULTICAST_MIN_SEQLEN[256, True], replace(base, kv_multicast=True)
+        yield KV_MULTICAST_MIN_SEQLEN[256, True], replace(base, persistent=True, kv_multicast=True)
+        yield CAUSAL_ONE_TILE_MIN_SEQLEN, replace(base, kv_multicast=True)
     elif head_dim == 256:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
         yield 1024, base
@@ -124,9 +134,10 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         yield KV_MULTICAST_MIN_SEQLEN[128, False], replace(base, kv_multicast=True)
     elif head_dim == 128:
         yield 1, base
+        yield KV_MULTICAST_MIN_SEQLEN[128, True], replace(base, kv_multicast=True)
         # One tile per CTA (one Q slot, O staged in Q's buffer), which clusters allow.
         one_tile = replace(base, persistent=False, q_stages=1, o_store_per_warpgroup=False)
-        yield KV_MULTICAST_MIN_SEQLEN[128, True], replace(one_tile, kv_multicast=True)
+        yield CAUSAL_ONE_TILE_MIN_SEQLEN, replace(one_tile, kv_multicast=True)
     elif not causal:
         yield 1, replace(base, consumer_warpgroups=3)
     else:

@@ -391,7 +391,7 @@ def test_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, seq
 
 @pytest.mark.parametrize("head_dim", (128, 256))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", KV_MULTICAST_SEQLENS)
-def test_kv_multicast_causal_persistent_candidate_changes_no_bit(head_dim, seqlen_q, seqlen_k):
+def test_kv_multicast_causal_persistent_changes_no_bit(head_dim, seqlen_q, seqlen_k):
     # Causal persistent clusters run in balanced pairs of units (two query blocks each);
     # 1100 queries give an odd number of units, the middle one paired with itself.
     _check_kv_multicast_changes_no_bit(head_dim, True, True, seqlen_q, seqlen_k)
