@@ -121,6 +121,11 @@ class Sm90ForwardConfig:
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
     # (+1-2%), the causal ones at 16k (+2-3%; flash4/dispatch.py).
     kv_multicast: bool = False
+    # With kv_multicast, the CTAs of a cluster take the same query block of two query heads
+    # that share one K/V head (grouped-query attention) instead of adjacent query blocks of
+    # one head: both walk the same key blocks, so causal tiles mask nothing extra. Only for
+    # an even number of query heads per K/V head (flash4/dispatch.py selects it).
+    cluster_heads: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -128,7 +133,7 @@ class Sm90ForwardConfig:
 
     @property
     def cluster_ctas(self) -> int:
-        """CTAs per cluster: a pair of query blocks with kv_multicast, else one."""
+        """CTAs per cluster: a pair of query blocks (or of heads) with kv_multicast, else one."""
         return KV_MULTICAST_CTAS if self.kv_multicast else 1
 
     @property
@@ -194,6 +199,8 @@ class Sm90ForwardConfig:
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
             )
+        if self.cluster_heads and not self.kv_multicast:
+            raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")
         if self.fp8 and self.tile_n % FP8_MMA_K:
             raise ValueError(f"tile_n={self.tile_n}: FP8 needs a multiple of {FP8_MMA_K} (its wgmma's k-step)")
         if self.smem_bytes() > SM90_SMEM_BYTES:

@@ -244,6 +244,9 @@ class Sm90ForwardKernel:
         cluster = {}
         if cutlass.const_expr(ctas > 1):
             cluster = dict(cluster=[ctas, 1, 1])
+            if cutlass.const_expr(self.config.cluster_heads and not self.config.persistent):
+                # A one-tile grid is (query blocks, heads, batch): the pair lies along heads.
+                cluster = dict(cluster=[1, ctas, 1])
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -296,7 +299,7 @@ class Sm90ForwardKernel:
         """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
         ctas = self.config.cluster_ctas
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        if cutlass.const_expr(ctas > 1):
+        if cutlass.const_expr(ctas > 1 and not self.config.cluster_heads):
             # Whole clusters: a query block past seqlen_q loads zeros for Q, and the O store
             # and the LSE skip its rows.
             m_blocks = cute.ceil_div(m_blocks, ctas) * ctas
@@ -308,6 +311,7 @@ class Sm90ForwardKernel:
             causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
             cluster_ctas=ctas,
+            cluster_heads=self.config.cluster_heads,
         )
 
     # ---------------------------------------------------------------- device side
@@ -493,7 +497,7 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(self.causal):
             last_block = m_block
             ctas = self.config.cluster_ctas
-            if cutlass.const_expr(ctas > 1):
+            if cutlass.const_expr(ctas > 1 and not self.config.cluster_heads):
                 # The CTAs of a cluster walk the key blocks of its last query block: the
                 # others mask their extra blocks whole.
                 last_block = m_block // ctas * ctas + ctas - 1

@@ -155,7 +155,8 @@ from flash4.interface import LOG2_E, device_sms
 # stages and one Q slot (O staged in Q's buffer, so the shared O store), 224 KiB. Faster
 # rounds, full 625/638/650 -> 518/612/645, causal 463/581/622 -> 403/556/623: the K/V
 # loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+HEAD_CLUSTERS = dict(kv_multicast=True, cluster_heads=True)
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), HEAD_CLUSTERS], 128: [dict(), HEAD_CLUSTERS], 256: [dict(), HEAD_CLUSTERS]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

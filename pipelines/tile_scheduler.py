@@ -21,7 +21,10 @@ take adjacent query blocks of one head, the CTA's rank in the cluster picking it
 a persistent grid shares out *units*, one cluster's blocks each (causal: in balanced pairs
 of units, a unit costing the key blocks of its last query block), so the CTAs of a
 cluster walk the same tiles in lock step. ``num_m_blocks`` must then be a multiple of
-``cluster_ctas``.
+``cluster_ctas``. With ``cluster_heads``, the CTAs of a cluster take the same query block
+of adjacent heads instead (heads of one K/V head under grouped-query attention): a unit is
+then one query block of ``cluster_ctas`` heads, and ``heads`` must be a multiple of
+``cluster_ctas``. A one-tile grid then clusters along its head axis.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class TileScheduler:
         causal_pairs: bool,
         longest_first: bool,
         cluster_ctas: int = 1,
+        cluster_heads: bool = False,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
@@ -51,6 +55,7 @@ class TileScheduler:
         self.causal_pairs = causal_pairs
         self.longest_first = longest_first
         self.cluster_ctas = cluster_ctas
+        self.cluster_heads = cluster_heads
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
     # carry it through the loop as run-time values (its three sizes).
@@ -59,14 +64,21 @@ class TileScheduler:
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
         return TileScheduler(
-            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas
+            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
+            self.cluster_heads,
         )
 
     def units_per_head(self) -> Int32:
         """What a persistent grid hands out per head: query blocks, or whole clusters' blocks."""
-        if self.cluster_ctas > 1:
+        if self.cluster_ctas > 1 and not self.cluster_heads:
             return self.num_m_blocks // self.cluster_ctas
         return self.num_m_blocks
+
+    def head_units(self) -> Int32:
+        """The heads a persistent grid counts: single heads, or whole clusters' heads."""
+        if self.cluster_heads:
+            return self.heads // self.cluster_ctas
+        return self.heads
 
     def pairs_per_head(self) -> Int32:
         return (self.units_per_head() + 1) // 2
@@ -74,9 +86,9 @@ class TileScheduler:
     def work_units(self) -> Int32:
         """What the CTAs (or persistent clusters) share out: pairs of units, or units."""
         if self.causal_pairs:
-            return self.pairs_per_head() * self.heads * self.batch
+            return self.pairs_per_head() * self.head_units() * self.batch
         if self.persistent:
-            return self.units_per_head() * self.heads * self.batch
+            return self.units_per_head() * self.head_units() * self.batch
         return self.num_m_blocks * self.heads * self.batch
 
     def end(self) -> Int32:
@@ -141,16 +153,18 @@ class TileScheduler:
     def tile(self, position: Int32) -> tuple[Int32, Int32, Int32]:
         """(query block, head, batch) of the tile at ``position``."""
         per_head = self.num_m_blocks
+        heads = self.heads
         index = position
         if cutlass.const_expr(self.persistent):
             per_head = self.units_per_head()
+            heads = self.head_units()
         if cutlass.const_expr(self.causal_pairs):
             per_head = self.pairs_per_head()
             index = position // 2
         m_block = index % per_head
         rest = index // per_head
-        head = rest % self.heads
-        batch = rest // self.heads
+        head = rest % heads
+        batch = rest // heads
         if cutlass.const_expr(self.causal_pairs):
             # The long unit first, then its short mate.
             if position % 2 == 0:
@@ -159,5 +173,8 @@ class TileScheduler:
             m_block = self.num_m_blocks - 1 - m_block
         if cutlass.const_expr(self.persistent and self.cluster_ctas > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            m_block = m_block * self.cluster_ctas + rank
+            if cutlass.const_expr(self.cluster_heads):
+                head = head * self.cluster_ctas + rank
+            else:
+                m_block = m_block * self.cluster_ctas + rank
         return m_block, head, batch

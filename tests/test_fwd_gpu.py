@@ -379,6 +379,33 @@ def _check_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, s
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+# (seqlen_q, seqlen_k, query heads, kv heads): groups of 2, 4 and 8 (MQA) query heads.
+HEAD_CLUSTER_CASES = ((1100, 700, 8, 4), (17, 1000, 8, 2), (1000, 17, 8, 1), (3000, 3000, 8, 2))
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize(
+    "causal,persistent", ((False, False), (False, True), (True, False), (True, True)),
+    ids=("full-one-tile", "full-persistent", "causal-one-tile", "causal-persistent"),
+)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", HEAD_CLUSTER_CASES)
+def test_kv_multicast_head_clusters_candidate_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k, heads, kv_heads):
+    # Clusters of two query heads of one K/V head on the same query block (cluster_heads)
+    # load the same K and V bytes as the CTAs alone: the same bits. A one-tile grid
+    # clusters along its head axis, a persistent one hands out pairs of heads; causal, both
+    # CTAs see the same keys, so no block is masked whole. With 4 batch entries a
+    # persistent cluster loops over several tiles; 1000 queries on 17 keys leave causal
+    # tiles that see no key at all.
+    slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
+    seed = hash(("head-clusters", head_dim, causal, persistent, seqlen_q, seqlen_k, kv_heads)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, seed)
+    want, want_lse = _run_config_variant(q, k, v, causal, persistent=persistent, kv_multicast=False, **slots)
+    out, lse = _run_config_variant(
+        q, k, v, causal, persistent=persistent, kv_multicast=True, cluster_heads=True, **slots
+    )
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 @pytest.mark.parametrize("head_dim", (128, 256))
 @pytest.mark.parametrize(
     "causal,persistent", ((False, False), (False, True), (True, False)),
