@@ -26,6 +26,10 @@ SHORT_TILE_N_256 = 64
 KV_MULTICAST_MIN_SEQLEN = {(128, False): 16384, (256, False): 4096, (128, True): 8192, (256, True): 8192}
 # Causal with clusters, from this query length on one tile per CTA beats a persistent grid.
 CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
+# Causal under grouped-query attention with an even number of query heads per K/V head:
+# from these query lengths on (by head dim), every 16-bit row runs with clusters of two
+# query heads of one K/V head sharing K and V by multicast (cluster_heads; see select).
+HEAD_CLUSTER_MIN_SEQLEN = {64: 4096, 128: 4096, 256: 2048}
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
 FP8_OUT_DTYPE = "bfloat16"
@@ -294,10 +298,17 @@ def arch_of_capability(major: int, minor: int) -> str:
     return f"sm_{major}{minor}{suffix}"
 
 
-def select(arch: str, dtype: str, head_dim: int, causal: bool, seqlen_q: int = 1) -> KernelEntry:
-    """The table's row for this problem, or an error naming what is supported."""
+def select(
+    arch: str, dtype: str, head_dim: int, causal: bool, seqlen_q: int = 1, group: int = 1
+) -> KernelEntry:
+    """The table's row for this problem (``group``: query heads per K/V head), or an error
+    naming what is supported."""
     for row in _CASES.get((arch, dtype, head_dim, causal), ()):
         if seqlen_q >= row.min_seqlen_q:
+            if causal and group % 2 == 0 and dtype in SUPPORTED_DTYPES and (
+                seqlen_q >= HEAD_CLUSTER_MIN_SEQLEN.get(head_dim, seqlen_q + 1)
+            ):
+                return _with_head_clusters(row)
             return row
     rows = [row for row in TABLE if row.arch == arch]
     if not rows:
@@ -319,6 +330,21 @@ def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tens
     (``v_per_tensor=False``), the row's kernel built for blockwise V descales."""
     entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q)
     return entry if v_per_tensor else _with_blockwise_v(entry)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
+    """The row's kernel with clusters of two query heads of one K/V head instead of adjacent
+    query blocks (or of none). Causal, a pair of query blocks walks the keys of its later
+    block, the earlier one masking the extra blocks whole; a pair of heads walks the same
+    keys. Under GQA with groups of 8 (2026-11-30, three rounds, --control; medians, the
+    table's two copies against it; -fwd-sweep-head-clusters-gqa8*.json): head dim 256 at 2k
+    / 4k / 8k / 16k 578/572 -> 595, 639/639 -> 664, 689/696 -> 704, 731/732 -> 735; head
+    dim 128 at 4k / 8k / 16k 595/597 -> 615, 630/631 -> 643, 650/651 -> 656; head dim 64 at
+    4k / 16k 453/455 -> 459, 505/500 -> 514. Tied at 1k (all three), at 2k at head dim 128
+    (560/567 -> 567) and unmasked (d128 4k 651/648 -> 651, d256 16k 746/745 -> 751, d64 4k
+    513/511 -> 518), where the table keeps its rows."""
+    return replace(entry, config=replace(entry.config, kv_multicast=True, cluster_heads=True))
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,10 +18,11 @@ from flash4.dispatch import arch_of_capability, select
 # exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
 LOG2_E = math.log2(math.e)
 
-# (device index, dtype, head dim, causal, row's min_seqlen_q, writes LSE) -> compiled kernel.
+# (device index, dtype, head dim, causal, row's min_seqlen_q, clusters of heads, writes LSE)
+# -> compiled kernel.
 # Everything in the key is static, so shapes and scales never recompile; plain values keep
 # the lookup cheap (hashing the nested dataclasses of a row is not).
-_KERNELS: dict[tuple[int, str, int, bool, int, bool], Callable[..., Any]] = {}
+_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], Callable[..., Any]] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,9 +168,13 @@ def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:
     entry = select(
-        device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q
+        device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q,
+        problem.group_size,
     )
-    key = (device_index, problem.dtype, problem.head_dim, problem.causal, entry.min_seqlen_q, with_lse)
+    key = (
+        device_index, problem.dtype, problem.head_dim, problem.causal, entry.min_seqlen_q,
+        entry.config.cluster_heads, with_lse,
+    )
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = compiled_forward(entry, with_lse)

@@ -155,8 +155,9 @@ from flash4.interface import LOG2_E, device_sms
 # stages and one Q slot (O staged in Q's buffer, so the shared O store), 224 KiB. Faster
 # rounds, full 625/638/650 -> 518/612/645, causal 463/581/622 -> 403/556/623: the K/V
 # loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
-HEAD_CLUSTERS = dict(kv_multicast=True, cluster_heads=True)
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), HEAD_CLUSTERS], 128: [dict(), HEAD_CLUSTERS], 256: [dict(), HEAD_CLUSTERS]}
+# Taken (2026-11-30, --group 8; flash4/dispatch.py, _with_head_clusters): clusters of two
+# query heads of one K/V head (cluster_heads), causal from 2k-4k.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -520,7 +521,7 @@ def main() -> None:
             if args.control:
                 providers["table again"] = fp8_candidate(base, diffs, "table again")
         else:
-            base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen)
+            base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen, group=args.group)
             for change in CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 try:

@@ -295,6 +295,30 @@ def test_select_by_query_length_and_every_case_starts_at_one():
         assert dispatch.select(*key, seqlen_q=row.min_seqlen_q - 1) is not row
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_select_pairs_heads_only_for_causal_even_groups(dtype, head_dim):
+    # Clusters of two query heads need both heads on one K/V head: an even group. They pay
+    # for causal from the table's length on (a pair of query blocks masks blocks whole).
+    start = dispatch.HEAD_CLUSTER_MIN_SEQLEN[head_dim]
+    for seqlen_q in (1, 17, start - 1, start, start + 1000, 16384, 100_000):
+        for causal in (False, True):
+            alone = dispatch.select("sm_90a", dtype, head_dim, causal, seqlen_q)
+            assert not alone.config.cluster_heads
+            for group in (1, 2, 3, 4, 8, 16):
+                row = dispatch.select("sm_90a", dtype, head_dim, causal, seqlen_q, group=group)
+                paired = causal and group % 2 == 0 and seqlen_q >= start
+                assert row.config.cluster_heads == paired, (seqlen_q, causal, group)
+                assert row.config.kv_multicast == (paired or alone.config.kv_multicast)
+                # The row's other settings and its place in the table stay.
+                assert row.min_seqlen_q == alone.min_seqlen_q
+                assert row.config == dataclasses.replace(
+                    alone.config, kv_multicast=row.config.kv_multicast, cluster_heads=paired
+                )
+    fp8 = dispatch.select_fp8("sm_90a", head_dim, True, 16384, v_per_tensor=True)
+    assert not fp8.config.cluster_heads
+
+
 @pytest.mark.parametrize(
     "capability,arch",
     [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((8, 0), "sm_80"), ((8, 9), "sm_89"),

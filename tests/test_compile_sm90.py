@@ -8,7 +8,7 @@ import re
 import pytest
 
 from flash4.compiler import KEY_INSTRUCTIONS, compile_entry
-from flash4.dispatch import TABLE
+from flash4.dispatch import HEAD_CLUSTER_MIN_SEQLEN, TABLE, select
 from flash4.pipelines.named_barriers import NamedBarrier
 from flash4.pipelines.warp_roles import register_budget
 
@@ -38,6 +38,25 @@ def test_kernel_compiles_with_hopper_instructions(entry):
     # Rows whose clusters share K and V load them by multicast, and only those.
     multicasts = report.ptx.count(".multicast::cluster")
     assert (multicasts > 0) == entry.config.kv_multicast, f"{multicasts} multicast loads in {entry}"
+
+
+# The rows' kernels with clusters of two query heads, as select() picks them for causal
+# grouped-query attention with an even group.
+HEAD_CLUSTER_ROWS = sorted(
+    {select("sm_90a", r.dtype, r.head_dim, True, max(r.min_seqlen_q, HEAD_CLUSTER_MIN_SEQLEN[r.head_dim]), group=2)
+     for r in SM90_ROWS if r.causal and r.dtype == "bfloat16"},
+    key=lambda r: (r.head_dim, r.min_seqlen_q),
+)
+
+
+@pytest.mark.parametrize(
+    "entry", HEAD_CLUSTER_ROWS, ids=[f"d{r.head_dim}-s{r.min_seqlen_q}" for r in HEAD_CLUSTER_ROWS]
+)
+def test_head_cluster_kernels_compile_clean(entry):
+    assert entry.config.cluster_heads
+    report = compile_entry(entry, arch="sm_90a")
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0, entry
+    assert report.ptx.count(".multicast::cluster") > 0
 
 
 @pytest.mark.parametrize("entry", SM90_ROWS[:2], ids=["full", "causal"])

@@ -91,12 +91,32 @@ RAGGED_PAST_ROW_START = 17
 )
 def test_every_row_matches_reference(row):
     # Rows that start at long lengths (up to 16k) are reached by few of the shapes above or
-    # none; each row runs here on the length it starts at plus a ragged tail, GQA 2:1.
+    # none; each row runs here on the length it starts at plus a ragged tail, GQA 3:1 (an
+    # odd group, which runs the row itself; an even one may pair heads, below).
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
-    assert dispatch.select("sm_90a", "bfloat16", row.head_dim, row.causal, seqlen) is row
+    assert dispatch.select("sm_90a", "bfloat16", row.head_dim, row.causal, seqlen, group=3) is row
     seed = hash(("every-row", row.head_dim, row.causal, seqlen)) % 2**31
-    q, k, v = _inputs(1, seqlen, seqlen, 4, 2, row.head_dim, torch.bfloat16, seed)
+    q, k, v = _inputs(1, seqlen, seqlen, 6, 2, row.head_dim, torch.bfloat16, seed)
     _check(q, k, v, row.causal)
+
+
+# Each causal row as select() runs it with clusters of two query heads (even groups), from
+# the first length that takes them.
+HEAD_CLUSTER_STARTS = sorted({
+    (r.head_dim, max(r.min_seqlen_q, dispatch.HEAD_CLUSTER_MIN_SEQLEN[r.head_dim]))
+    for r in BF16_ROWS if r.causal
+})
+
+
+@pytest.mark.parametrize("head_dim,start", HEAD_CLUSTER_STARTS, ids=[f"d{d}-s{s}" for d, s in HEAD_CLUSTER_STARTS])
+@pytest.mark.parametrize("heads,kv_heads", ((4, 2), (8, 1)), ids=("gqa2", "mqa8"))
+def test_head_cluster_rows_match_reference(head_dim, start, heads, kv_heads):
+    seqlen = start + RAGGED_PAST_ROW_START
+    row = dispatch.select("sm_90a", "bfloat16", head_dim, True, seqlen, group=heads // kv_heads)
+    assert row.config.cluster_heads
+    seed = hash(("head-cluster-row", head_dim, seqlen, kv_heads)) % 2**31
+    q, k, v = _inputs(1, seqlen, seqlen, heads, kv_heads, head_dim, torch.bfloat16, seed)
+    _check(q, k, v, True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -389,7 +409,7 @@ HEAD_CLUSTER_CASES = ((1100, 700, 8, 4), (17, 1000, 8, 2), (1000, 17, 8, 1), (30
     ids=("full-one-tile", "full-persistent", "causal-one-tile", "causal-persistent"),
 )
 @pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", HEAD_CLUSTER_CASES)
-def test_kv_multicast_head_clusters_candidate_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k, heads, kv_heads):
+def test_kv_multicast_head_clusters_changes_no_bit(head_dim, causal, persistent, seqlen_q, seqlen_k, heads, kv_heads):
     # Clusters of two query heads of one K/V head on the same query block (cluster_heads)
     # load the same K and V bytes as the CTAs alone: the same bits. A one-tile grid
     # clusters along its head axis, a persistent one hands out pairs of heads; causal, both
