@@ -157,7 +157,7 @@ from flash4.interface import LOG2_E, device_sms
 # loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
 # Taken (2026-11-30, --group 8; flash4/dispatch.py, _with_head_clusters): clusters of two
 # query heads of one K/V head (cluster_heads), causal from 2k-4k.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(kv_multicast=True)], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
