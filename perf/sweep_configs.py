@@ -157,7 +157,12 @@ from flash4.interface import LOG2_E, device_sms
 # loads are not late at 16k, and the lost Q slot costs the short sequences 4-17%.
 # Taken (2026-11-30, --group 8; flash4/dispatch.py, _with_head_clusters): clusters of two
 # query heads of one K/V head (cluster_heads), causal from 2k-4k.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict(), dict(kv_multicast=True)], 128: [dict()], 256: [dict()]}
+# Not taken (2026-11-30, three rounds, --control; -fwd-sweep-kv-multicast-d64-causal.json; 5
+# GPU tests bit-identical to the row): head dim 64 causal (three warpgroups, persistent)
+# with clusters of two query blocks, which compile clean there (the unmasked row spills
+# 12 bytes with them). Medians 8k 478/479 -> 467, 16k 492/493 -> 501; fastest rounds
+# 518/479 -> 470, 500/494 -> 501 (flash-attn-4 485 / 502 median).
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

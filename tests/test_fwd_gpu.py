@@ -399,17 +399,6 @@ def _check_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, s
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-@pytest.mark.parametrize("seqlen_q,seqlen_k", KV_MULTICAST_SEQLENS)
-def test_kv_multicast_d64_causal_three_warpgroups_candidate_changes_no_bit(seqlen_q, seqlen_k):
-    # Head dim 64's causal row from 4k: three consumer warpgroups (192-row tiles) on a
-    # persistent grid, here with clusters of two query blocks.
-    seed = hash(("kv-multicast-d64", seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, 64, torch.bfloat16, seed)
-    want, want_lse = _run_config_variant(q, k, v, True, consumer_warpgroups=3)
-    out, lse = _run_config_variant(q, k, v, True, consumer_warpgroups=3, kv_multicast=True)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
-
-
 # (seqlen_q, seqlen_k, query heads, kv heads): groups of 2, 4 and 8 (MQA) query heads.
 HEAD_CLUSTER_CASES = ((1100, 700, 8, 4), (17, 1000, 8, 2), (1000, 17, 8, 1), (3000, 3000, 8, 2))
 
