@@ -375,7 +375,9 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # (kv_multicast, which the 16-bit rows take from 16k at 128 and 4k at 256). Fastest rounds,
 # the table's two copies against it: 857/852 -> 868, 1002/983 -> 984, 1053/1056 -> 1063,
 # within their spread. Head dim 256, at 98% of the FP8 matmul's rate, was not swept.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# Candidate [not yet run on a GPU]: clusters of two query heads of one K/V head (cluster_heads,
+# which the 16-bit causal rows take under GQA from 2k-4k); sweep with --group 8.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(kv_multicast=True, cluster_heads=True)] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

@@ -264,6 +264,21 @@ def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
+@pytest.mark.parametrize("seqlen", (1100, 4113))
+def test_head_clusters_candidate_changes_no_bit(head_dim, causal, with_lse, seqlen):
+    # Clusters of two query heads of one K/V head (cluster_heads; 8 query heads on 2 K/V
+    # heads here) load the same K and V bytes and descales as the CTAs alone: the table's
+    # bits, causal or not, on one-tile and persistent rows.
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
+    want, want_lse = _run_variant(q8, k8, v8, causal, with_lse)
+    out, lse = _run_variant(q8, k8, v8, causal, with_lse, kv_multicast=True, cluster_heads=True)
+    assert not want.isnan().any() and torch.equal(out, want)
+    assert lse is None or torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
 def test_skipped_rescale_changes_no_bit(head_dim, causal, return_lse):
     # The table's kernels skip O's rescale when no row of a warp raised its max; where they
