@@ -119,7 +119,7 @@ class Sm90ForwardConfig:
     # a CTA). Causal: the pair walks its later block's keys, the earlier block masking the
     # extra ones whole (persistent causal grids pair whole clusters' blocks). The
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
-    # (+1-2%), the causal ones at 16k (+2-3%; flash4/dispatch.py).
+    # (+1-2%), the causal ones from 8k (+1-3%; flash4/dispatch.py).
     kv_multicast: bool = False
     # With kv_multicast, the CTAs of a cluster take the same query block of two query heads
     # that share one K/V head (grouped-query attention) instead of adjacent query blocks of
