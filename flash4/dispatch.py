@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from flash4.kernels.configs import Sm90ForwardConfig
+from flash4.kernels.configs import KV_MULTICAST_CTAS, Sm90ForwardConfig
 
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 
@@ -362,13 +362,19 @@ def format_table(arch: str | None = None) -> str:
     if not rows:
         return f"no kernels for {arch}; supported: {', '.join(SUPPORTED_ARCHS)}"
     header = ("arch", "dtype", "head_dim", "causal", "seqlen_q >=", "kernel", "tile_m x tile_n",
-              "kv_stages", "persistent")
+              "kv_stages", "persistent", "K/V shared by")
     lines = [header]
     for row in rows:
         c = row.config
+        shared_by = f"{c.cluster_ctas} query blocks" if c.kv_multicast else "-"
         lines.append(
             (row.arch, row.dtype, str(row.head_dim), str(row.causal), str(row.min_seqlen_q), row.kernel,
-             f"{c.tile_m} x {c.tile_n}", str(c.kv_stages), str(c.persistent))
+             f"{c.tile_m} x {c.tile_n}", str(c.kv_stages), str(c.persistent), shared_by)
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    starts = ", ".join(f"{seqlen} at head dim {dim}" for dim, seqlen in HEAD_CLUSTER_MIN_SEQLEN.items())
+    return (
+        f"{table}\n\nCausal {'/'.join(SUPPORTED_DTYPES)} with an even number of query heads per K/V head: "
+        f"K/V shared by {KV_MULTICAST_CTAS} query heads instead, from seqlen_q {starts}."
+    )
