@@ -99,6 +99,11 @@ def attention_backward(
     grouped = problem.kv_heads != problem.heads
     if config is None:
         config = backward_config(problem.head_dim, causal, grouped, deterministic, seqlen_k=problem.seqlen_k)
+    if grouped and not (config.kv_accumulate or config.kv_group_in_cta):
+        raise ValueError(
+            f"config: {problem.heads} query heads share {problem.kv_heads} kv heads, so dK and dV need "
+            f"kv_accumulate=True or kv_group_in_cta=True; got {config}"
+        )
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -108,8 +113,8 @@ def attention_backward(
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
-    # GQA/MQA: the query heads of a group add into shared fp32 accumulators.
-    dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if grouped else (dk, dv)
+    # GQA/MQA with kv_accumulate: the query heads of a group add into shared fp32 accumulators.
+    dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if config.kv_accumulate else (dk, dv)
     # dQ's counters: the turns of its additions (deterministic), one per query block and
     # part (each warpgroup writes its own); or (dq_first_stores alone) a ticket per query
     # block that picks which key block stores first. With dq_first_stores the preprocess
@@ -140,7 +145,7 @@ def attention_backward(
     compiled_backward_postprocess(problem.dtype, config.dq_tile_geometry, overlap=config.overlap_postprocess)(
         dq_accum, dq, dq_ready, key_blocks, problem.softmax_scale
     )
-    if grouped:
+    if config.kv_accumulate:
         dk.copy_(dk_out)
         dv.copy_(dv_out)
     return dq, dk, dv

@@ -276,6 +276,12 @@ class Sm90BackwardConfig:
     causal: bool = False
     # GQA/MQA: dK and dV added in fp32 into accumulators shared by a kv head's query heads.
     kv_accumulate: bool = False
+    # GQA/MQA, instead of kv_accumulate: a CTA owns a key block of one kv head and walks the
+    # query blocks of each query head of its group in turn, dK and dV staying in its
+    # registers across them, then stores them once in the input dtype: no fp32
+    # accumulators to zero, no atomics, no conversion, K and V loaded once per group. The
+    # grid has a CTA per kv head instead of per query head.
+    kv_group_in_cta: bool = False
     head_dim_split: bool = False
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
@@ -360,5 +366,10 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
+        if self.kv_group_in_cta and (self.kv_accumulate or self.deterministic):
+            raise ValueError(
+                "kv_group_in_cta=True: not with kv_accumulate (dK and dV have one writer) nor deterministic "
+                "(its turn order is per query head)"
+            )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -1,7 +1,9 @@
 """Hopper (sm_90a) backward attention: dQ, dK, dV from Q, K, V, dO, and the forward's LSE.
 
 GQA/MQA: several query heads share a kv head, so their CTAs add dK and dV in fp32 into
-zeroed accumulators (``kv_accumulate``) instead of storing them.
+zeroed accumulators (``kv_accumulate``) instead of storing them; or (``kv_group_in_cta``)
+a CTA per kv head walks the query blocks of each query head of its group in turn, the
+store warp adding each head's dQ into that head's accumulator, and stores dK and dV once.
 
 A CTA owns ``tile_n`` = 128 keys of one head and walks the query blocks that see them. Its
 two consumer warpgroups own 64 keys each and compute everything transposed, keys as rows:
@@ -238,11 +240,17 @@ class Sm90BackwardKernel:
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout),
         ).launch(
-            grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])),
+            grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), self.grid_heads(mQ, mK), cute.size(mQ.shape[3])),
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    def grid_heads(self, mQ: cute.Tensor, mK: cute.Tensor):
+        """The grid's head axis: a CTA per query head, or (kv_group_in_cta) per kv head."""
+        if cutlass.const_expr(self.config.kv_group_in_cta):
+            return cute.size(mK.shape[2])
+        return cute.size(mQ.shape[2])
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
         def buffer(layout, dtype=self.dtype):
@@ -335,50 +343,81 @@ class Sm90BackwardKernel:
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        # The query heads this CTA walks: its own, or (kv_group_in_cta) its kv head's group.
+        first_head, heads_walked = head, 1
+        if cutlass.const_expr(self.config.kv_group_in_cta):
+            first_head, heads_walked = head * (mQ.shape[2] // mK.shape[2]), mQ.shape[2] // mK.shape[2]
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
                 self.produce(
                     mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
-                    sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, head, batch, m_begin, m_end,
+                    sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, first_head, heads_walked, batch,
+                    m_begin, m_end,
                 )
             if warp_idx == DQ_STORE_WARP:
-                dq_counters = None
-                if cutlass.const_expr(mdQCounters is not None):
-                    dq_counters = mdQCounters[None, head, batch]
-                dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_counters)
                 store_warp = DQStoreWarp(self.config, self.rotate)
-                store_warp.run(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
-                if cutlass.const_expr(mdQReady is not None):
-                    store_warp.signal_ready(mdQReady, head, batch)
+                if cutlass.const_expr(self.config.kv_group_in_cta):
+                    for g in cutlass.range(heads_walked, unroll=1):
+                        self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head + g,
+                                      batch, seqlen_q, seqlen_k, m_begin, m_end)
+                else:
+                    self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head, batch,
+                                  seqlen_q, seqlen_k, m_begin, m_end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             group = mQ.shape[2] // mK.shape[2]
-            kv_head = head // group
-            block = KeyBlock(n_block, head, kv_head, head - kv_head * group, batch, seqlen_q, seqlen_k)
+            kv_head = first_head // group
+            block = KeyBlock(n_block, first_head, kv_head, first_head - kv_head * group, batch, seqlen_q, seqlen_k)
             self.consume(
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
                 kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
-                softmax_scale, block, m_begin, m_end, tidx,
+                softmax_scale, block, heads_walked, m_begin, m_end, tidx,
             )
+
+    @cute.jit
+    def store_dq(self, store_warp: DQStoreWarp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block: Int32, head: Int32,
+                 batch: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32, m_end: Int32):
+        """The store warp's work for one query head's walk over this key block."""
+        dq_counters = None
+        if cutlass.const_expr(mdQCounters is not None):
+            dq_counters = mdQCounters[None, head, batch]
+        dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_counters)
+        store_warp.run(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+        if cutlass.const_expr(mdQReady is not None):
+            store_warp.signal_ready(mdQReady, head, batch)
 
     # ------------------------------------------------------------------ producer
     @cute.jit
     def produce(
         self, mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
         sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring,
-        n_block: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
+        n_block: Int32, first_head: Int32, heads_walked, batch: Int32, m_begin: Int32, m_end: Int32,
     ):
         kv_state = producer_state(1)
         kv_ring.producer_acquire(kv_state)
-        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        kv_head = first_head // (mQ.shape[2] // mK.shape[2])
         gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
         self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
         q_state = producer_state(self.config.q_stages)
         do_state = producer_state(self.config.do_stages)
         key_blocks = cute.ceil_div(mK.shape[0], self.tile_n)
+        walk = (mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring, do_ring)
+        if cutlass.const_expr(self.config.kv_group_in_cta):
+            for g in cutlass.range(heads_walked, unroll=1):
+                q_state, do_state = self.load_walk(*walk, n_block, key_blocks, first_head + g, batch, m_begin, m_end,
+                                                   q_state, do_state)
+        else:
+            self.load_walk(*walk, n_block, key_blocks, first_head, batch, m_begin, m_end, q_state, do_state)
+
+    @cute.jit
+    def load_walk(self, mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring,
+                  do_ring, n_block: Int32, key_blocks: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
+                  q_state, do_state):
+        """One query head's Q, dO, LSE and D tiles for this key block's walk; returns the
+        rings' states after them."""
         for step in cutlass.range(m_begin, m_end, unroll=1):
             m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
             q_ring.producer_acquire(q_state)
@@ -391,6 +430,7 @@ class Sm90BackwardKernel:
                            m_block, do_ring, do_state)
             self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state)
             do_state.advance()
+        return q_state, do_state
 
     @cute.jit
     def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
@@ -413,9 +453,10 @@ class Sm90BackwardKernel:
     def consume(
         self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
         kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
-        softmax_scale: Float32, block: KeyBlock, m_begin: Int32, m_end: Int32, tidx: Int32,
+        softmax_scale: Float32, block: KeyBlock, heads_walked, m_begin: Int32, m_end: Int32, tidx: Int32,
     ):
-        """A consumer thread: every query block's GEMMs for this key block, then dK, dV."""
+        """A consumer thread: every query block's GEMMs for this key block (of each query
+        head it walks, from ``block.head`` on), then dK, dV."""
         ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx)
         rows = RowInputs(sLSE, sD)
         scale_log2 = softmax_scale * math.log2(math.e)
@@ -426,18 +467,40 @@ class Sm90BackwardKernel:
         masked_end = masked_block_end(
             block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
         )
+        walk = (ops, q_ring, do_ring, rows, sdQ, m_begin, masked_end, m_end, scale_log2, tidx)
+        if cutlass.const_expr(self.config.kv_group_in_cta):
+            for g in cutlass.range(heads_walked, unroll=1):
+                head_block = KeyBlock(
+                    block.n_block, block.head + g, block.kv_head, g, block.batch, block.seqlen_q, block.seqlen_k
+                )
+                # The dSᵀ buffers keep taking turns from one head's walk to the next.
+                q_state, do_state = self.walk(*walk, head_block, g * (m_end - m_begin), q_state, do_state)
+        else:
+            self.walk(*walk, block, None, q_state, do_state)
+        # dK and dV: of the kv head, which the walks' query heads share.
+        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
+
+    @cute.jit
+    def walk(self, ops: BackwardOperands, q_ring, do_ring, rows: RowInputs, sdQ, m_begin: Int32, masked_end: Int32,
+             m_end: Int32, scale_log2: Float32, tidx: Int32, block: KeyBlock, ds_offset: Optional[Int32], q_state,
+             do_state):
+        """One query head's walk over the query blocks that see this key block, the masked
+        ones first; returns the rings' states after it. ``ds_offset``: the steps taken
+        before it (None: none), so the dSᵀ buffers keep taking turns."""
         key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
-        # The masked blocks first, then the mask-free ones.
         parts = ((m_begin, masked_end, True), (masked_end, m_end, False))
         for part in cutlass.range_constexpr(len(parts)):
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
                 m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
-                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, step % self.ds_stages,
-                          scale_log2, tidx, masked)
+                ds_stage = step % self.ds_stages
+                if cutlass.const_expr(ds_offset is not None):
+                    ds_stage = (step + ds_offset) % self.ds_stages
+                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, ds_stage, scale_log2,
+                          tidx, masked)
                 q_state.advance()
                 do_state.advance()
-        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
+        return q_state, do_state
 
     @cute.jit
     def consumer_operands(
@@ -708,9 +771,12 @@ class Sm90BackwardKernel:
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
         if tidx == 0:
             tile = (self.tile_n, self.head_dim)
-            sdk, gdk = tma_tile(atom_dk, sK, mdK[None, None, block.head, block.batch], tile, block.n_block)
+            # A CTA per query head stores dK and dV of its head (MHA); one walking a group, of
+            # the group's kv head.
+            head = block.kv_head if cutlass.const_expr(self.config.kv_group_in_cta) else block.head
+            sdk, gdk = tma_tile(atom_dk, sK, mdK[None, None, head, block.batch], tile, block.n_block)
             cute.copy(atom_dk, sdk, gdk)
-            sdv, gdv = tma_tile(atom_dv, sV, mdV[None, None, block.head, block.batch], tile, block.n_block)
+            sdv, gdv = tma_tile(atom_dv, sV, mdV[None, None, head, block.batch], tile, block.n_block)
             cute.copy(atom_dv, sdv, gdv)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -27,6 +27,7 @@ segments=(
   "fp8|300|tests/test_fp8_gpu.py"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
   "fwdcandidates|200|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate"
+  "bwdcandidates|300|tests/test_bwd_gpu.py -k candidate"
 )
 
 wanted=("$@")

@@ -325,6 +325,10 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
     for hdim in (64, 128, 256)
 }
+# With --group G > 1 (GQA/MQA) these join them. Candidate [not yet run on a GPU]: a CTA per
+# kv head walking each query head of its group, dK and dV in registers across the walks
+# (kv_group_in_cta), against the fp32 accumulators shared by the group (kv_accumulate).
+GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [dict(kv_accumulate=False, kv_group_in_cta=True)]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
@@ -462,7 +466,7 @@ def backward_candidate(config: Any, diffs: dict[str, float], label: str) -> Call
         dout = bench.dout_like(out)
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
         expected = sdpa(*leaves, causal, scale)
-        expected_dq = torch.autograd.grad(expected, leaves[0], dout)[0]
+        expected_grads = torch.autograd.grad(expected, leaves, dout)
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
 
         def run() -> Any:
@@ -471,7 +475,8 @@ def backward_candidate(config: Any, diffs: dict[str, float], label: str) -> Call
             )
 
         def check(result: Any) -> torch.Tensor:
-            diffs[label] = float((result[0] - expected_dq).abs().max())
+            # The largest distance over dq, dk and dv (dk and dv: what GQA's schemes change).
+            diffs[label] = max(float((got - want).abs().max()) for got, want in zip(result, expected_grads))
             return result[0]
 
         return run, check
@@ -505,8 +510,10 @@ def main() -> None:
         if backward:
             from flash4.backward import backward_config
 
-            base_config = backward_config(shape.head_dim, shape.causal, seqlen_k=shape.seqlen)
-            for change in BACKWARD_CANDIDATES[shape.head_dim]:
+            grouped = args.group > 1
+            base_config = backward_config(shape.head_dim, shape.causal, grouped, seqlen_k=shape.seqlen)
+            changes = BACKWARD_CANDIDATES[shape.head_dim] + (GROUPED_BACKWARD_CANDIDATES if grouped else [])
+            for change in changes:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
                 config = dataclasses.replace(base_config, **change)
                 if change and config == base_config:

@@ -101,6 +101,47 @@ def test_backward_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k,
     _backward_matches_reference(2, seqlen_q, seqlen_k, 4, 4, head_dim, causal, torch.bfloat16, config)
 
 
+def test_backward_variants_refuse_a_grouped_config_without_a_kv_scheme():
+    # Under GQA a configuration that neither adds dK and dV across the group nor walks the
+    # group in one CTA would let each query head's CTA overwrite them: refused before any
+    # launch, the gradients untouched.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    q = torch.randn(1, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = flash_attn_func(q, k, v, return_lse=True)
+    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+    config = dataclasses.replace(backward_config(64, False, True, seqlen_k=64), kv_accumulate=False)
+    with pytest.raises(ValueError, match="kv_accumulate=True or kv_group_in_cta=True"):
+        attention_backward(q, k, v, out, torch.randn_like(out), lse, grads=grads, config=config)
+    assert all(g.isnan().all() for g in grads)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
+@pytest.mark.parametrize("heads,kv_heads", ((4, 2), (8, 1), (6, 2), (3, 3)), ids=("gqa2", "mqa8", "gqa3", "mha"))
+def test_backward_kv_group_in_cta_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    # A CTA per kv head walking each query head of its group in turn, dK and dV in its
+    # registers across the walks (kv_group_in_cta), against the reference: odd and even
+    # groups, MQA, and multi-head (a group of one); short walks (17 queries) and walks
+    # whose query blocks see no key (causal, 4096 queries on 128 keys). 4 batch entries at
+    # the short lengths keep several CTAs per kv head in flight.
+    import dataclasses
+
+    from flash4.backward import backward_config
+
+    config = dataclasses.replace(
+        backward_config(head_dim, causal, kv_heads != heads, seqlen_k=seqlen_k), kv_accumulate=False,
+        kv_group_in_cta=True,
+    )
+    batch = 4 if seqlen_q * seqlen_k < 1000 * 1000 else 2
+    _backward_matches_reference(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, torch.bfloat16, config)
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))

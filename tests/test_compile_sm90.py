@@ -75,16 +75,23 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
+@pytest.mark.parametrize("grouped", (False, True, "in-cta"), ids=("mha", "gqa", "gqa-group-in-cta"))
 def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, grouped):
     # It must build for sm_90a with the instructions its design depends on, every wgmma
-    # pipelined.
+    # pipelined. "in-cta": the candidate that walks a kv head's query heads in one CTA,
+    # whose instructions are the multi-head kernel's (its loops run once per query head).
+    import dataclasses
+
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
-    config = backward_config(head_dim, causal, grouped, seqlen_k=1024)
+    config = backward_config(head_dim, causal, bool(grouped), seqlen_k=1024)
+    if grouped == "in-cta":
+        config = dataclasses.replace(config, kv_accumulate=False, kv_group_in_cta=True)
+    grouped = config.kv_accumulate
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0, f"ptxas serialised wgmmas in {config}"
+    assert report.spill_bytes == 0, f"{config} spills {report.spill_bytes} bytes"
     ptx = report.ptx
     # Per query block, masked and mask-free: Sᵀ and dPᵀ (head_dim / 16 k-slices each), dV
     # and dK (tile_m / 16), dQ (tile_n / 16 for each 64 query rows a warpgroup computes: all
