@@ -359,8 +359,12 @@ class Sm90BackwardKernel:
                 store_warp = DQStoreWarp(self.config, self.rotate)
                 if cutlass.const_expr(self.config.kv_group_in_cta):
                     for g in cutlass.range(heads_walked, unroll=1):
-                        self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head + g,
-                                      batch, seqlen_q, seqlen_k, m_begin, m_end)
+                        self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, None, n_block, first_head + g, batch,
+                                      seqlen_q, seqlen_k, m_begin, m_end)
+                    # Counted once every walk is done: between two walks the wait for the
+                    # landing would hold back the next head's first dQ hand-over.
+                    if cutlass.const_expr(mdQReady is not None):
+                        self.signal_walks(mdQReady, first_head, heads_walked, batch)
                 else:
                     self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head, batch,
                                   seqlen_q, seqlen_k, m_begin, m_end)
@@ -375,6 +379,13 @@ class Sm90BackwardKernel:
                 kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
                 softmax_scale, block, heads_walked, m_begin, m_end, tidx,
             )
+
+    @cute.jit
+    def signal_walks(self, mdQReady, first_head: Int32, heads_walked, batch: Int32):
+        """kv_group_in_cta, the store warp: count this key block for each walked head's
+        postprocess."""
+        for g in cutlass.range(heads_walked, unroll=1):
+            DQStoreWarp(self.config, self.rotate).signal_ready(mdQReady, first_head + g, batch)
 
     @cute.jit
     def store_dq(self, store_warp: DQStoreWarp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block: Int32, head: Int32,
