@@ -84,6 +84,11 @@ def attention_backward(
     fp32 additions of different CTAs into one gradient take turns in a fixed order, so the
     gradients are bit-identical run to run. ``config`` replaces the selector's kernel
     configuration (sweeps and tests of candidates)."""
+    if deterministic and config is not None and not config.deterministic:
+        raise ValueError(
+            "deterministic=True, but the given config has deterministic=False: its gradients would not be "
+            "bit-identical run to run; pass a deterministic config or leave config out"
+        )
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     for name, tensor in (("out", out), ("dout", dout)):
         if tensor.shape != q.shape or tensor.dtype != q.dtype or tensor.device != q.device:

@@ -295,6 +295,16 @@ def test_select_by_query_length_and_every_case_starts_at_one():
         assert dispatch.select(*key, seqlen_q=row.min_seqlen_q - 1) is not row
 
 
+def test_backward_refuses_deterministic_with_a_config_that_is_not():
+    # A config given for a sweep or test replaces the selector's; asking for bit-identical
+    # gradients with one that does not give them is an error, raised before any tensor is read.
+    from flash4.backward import attention_backward, backward_config
+
+    config = backward_config(64, False, seqlen_k=64)
+    with pytest.raises(ValueError, match="deterministic=True, but the given config"):
+        attention_backward(None, None, None, None, None, None, deterministic=True, config=config)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_select_pairs_heads_only_for_causal_even_groups(dtype, head_dim):
