@@ -305,10 +305,10 @@ def select(
     naming what is supported."""
     for row in _CASES.get((arch, dtype, head_dim, causal), ()):
         if seqlen_q >= row.min_seqlen_q:
-            if causal and group % 2 == 0 and dtype in SUPPORTED_DTYPES and (
-                seqlen_q >= HEAD_CLUSTER_MIN_SEQLEN.get(head_dim, seqlen_q + 1)
-            ):
-                return _with_head_clusters(row)
+            if causal and group % 2 == 0 and seqlen_q >= HEAD_CLUSTER_MIN_SEQLEN.get(head_dim, seqlen_q + 1):
+                # Plain values as the key: select() runs on every call, and hashing a row's
+                # nested dataclasses is not cheap.
+                return _HEAD_CLUSTER_VARIANTS.get((arch, dtype, head_dim, row.min_seqlen_q), row)
             return row
     rows = [row for row in TABLE if row.arch == arch]
     if not rows:
@@ -332,7 +332,6 @@ def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tens
     return entry if v_per_tensor else _with_blockwise_v(entry)
 
 
-@functools.lru_cache(maxsize=None)
 def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
     """The row's kernel with clusters of two query heads of one K/V head instead of adjacent
     query blocks (or of none). Causal, a pair of query blocks walks the keys of its later
@@ -345,6 +344,14 @@ def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
     (560/567 -> 567) and unmasked (d128 4k 651/648 -> 651, d256 16k 746/745 -> 751, d64 4k
     513/511 -> 518), where the table keeps its rows."""
     return replace(entry, config=replace(entry.config, kv_multicast=True, cluster_heads=True))
+
+
+# (arch, dtype, head dim, row's min_seqlen_q) -> the causal 16-bit row with head clusters.
+_HEAD_CLUSTER_VARIANTS: dict[tuple[str, str, int, int], KernelEntry] = {
+    (row.arch, row.dtype, row.head_dim, row.min_seqlen_q): _with_head_clusters(row)
+    for row in TABLE
+    if row.causal and row.dtype in SUPPORTED_DTYPES
+}
 
 
 @functools.lru_cache(maxsize=None)
