@@ -21,6 +21,17 @@ def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, cau
     return m_begin, cute.ceil_div(seqlen_q, tile_m)
 
 
+def heaviest_first_block(x, y, z, key_blocks, heads, batches):
+    """(key block, head, batch entry) of the CTA at grid index (x, y, z) of a
+    (key_blocks, heads, batches) grid, renumbered so that CTAs launched in order (x
+    fastest) take key block 0 of every head and batch entry, then key block 1, and so on:
+    causal walks shorten with the key block, so the longest start first."""
+    order = x + key_blocks * (y + heads * z)
+    n_block = order // (heads * batches)
+    rest = order - n_block * (heads * batches)
+    return n_block, rest % heads, rest // heads
+
+
 def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
     """The query block that key block ``n_block`` works on at ``step`` of its walk.
 

@@ -62,7 +62,7 @@ from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .bwd_blocks import masked_block_end, query_block_at, query_block_range
+from .bwd_blocks import heaviest_first_block, masked_block_end, query_block_at, query_block_range
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
@@ -319,6 +319,8 @@ class Sm90BackwardKernel:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.config.heaviest_first):
+            n_block, head, batch = heaviest_first_block(n_block, head, batch, *cute.arch.grid_dim())
         if cutlass.const_expr(mdQReady is not None):
             # The postprocess may be scheduled once every CTA of this grid has started: it
             # then waits per head (DQStoreWarp.signal_ready), and only takes SMs this grid has left.

@@ -321,14 +321,26 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # the masked loop too. Faster rounds (selector: the better of its two copies), full
 # 512/551/598 -> (a) 468/549/581, (b) 471/552/583; causal 378/514/587 -> (a) 367/498/578,
 # (b) 370/507/577. More tensor work under the dS math does not pay; why was not shown.
+# Candidate [not yet run on a GPU]: causal CTAs renumbered so key block 0 of every head
+# launches first (heaviest_first); skipped on unmasked shapes, which refuse it.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
-    for hdim in (64, 128, 256)
+    hdim: [dict(), dict(heaviest_first=True)] for hdim in (64, 128, 256)
 }
-# With --group G > 1 (GQA/MQA) these join them. Candidate [not yet run on a GPU]: a CTA per
-# kv head walking each query head of its group, dK and dV in registers across the walks
-# (kv_group_in_cta), against the fp32 accumulators shared by the group (kv_accumulate).
-GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [dict(kv_accumulate=False, kv_group_in_cta=True)]
+# With --group G > 1 (GQA/MQA) these join them: a CTA per kv head walking each query head
+# of its group, dK and dV in registers across the walks (kv_group_in_cta), against the
+# fp32 accumulators shared by the group (kv_accumulate). First sweep (2026-11-30, --group
+# 8, three rounds, --control; -bwd-sweep-gqa8-kv-group-in-cta.json; 120 GPU tests passed),
+# medians, selector/again -> kv_group_in_cta (fa4): d128 full 1k/4k/16k 435/429 -> 517
+# (439), 540/549 -> 582 (568), 594/594 -> 601 (603); d64 full 396/394 -> 460 (405),
+# 472/493 -> 516 (503), 525/502 -> 526 (528). Causal lost from 4k: d128 327/323 -> 288,
+# 495/487 -> 376, 581/581 -> 541; d64 290/289 -> 325, 443/437 -> 417, 516/523 -> 519.
+# A CTA per kv head is 8x fewer, longer CTAs; in launch order (key blocks of one head
+# first) a later head's key block 0, whose walk is the whole group's full length, starts
+# in the last wave. Candidate [not yet run on a GPU]: the same with heaviest_first.
+GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
+    dict(kv_accumulate=False, kv_group_in_cta=True),
+    dict(kv_accumulate=False, kv_group_in_cta=True, heaviest_first=True),
+]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
@@ -515,7 +527,10 @@ def main() -> None:
             changes = BACKWARD_CANDIDATES[shape.head_dim] + (GROUPED_BACKWARD_CANDIDATES if grouped else [])
             for change in changes:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
-                config = dataclasses.replace(base_config, **change)
+                try:
+                    config = dataclasses.replace(base_config, **change)
+                except ValueError:
+                    continue  # the change does not apply to this shape
                 if change and config == base_config:
                     continue  # the selector's own
                 providers[label] = backward_candidate(config, diffs, label)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.bwd_blocks import dq_turn_rank, masked_block_end, query_block_at, query_block_range
+from flash4.kernels.bwd_blocks import dq_turn_rank, heaviest_first_block, masked_block_end, query_block_at, query_block_range
 
 
 
@@ -101,3 +101,14 @@ def test_rotated_walk_start_fits_32_bits_at_any_length():
         n_block = key_blocks - 1
         assert n_block * max(m_end // key_blocks, 1) < max(m_end, key_blocks)
         assert 0 <= query_block_at(m_end - 1, n_block, m_end, key_blocks, True) < m_end
+
+
+@pytest.mark.parametrize("key_blocks,heads,batches", [(1, 1, 1), (7, 3, 2), (32, 2, 4), (5, 16, 1)])
+def test_heaviest_first_numbering_is_a_permutation_in_key_block_order(key_blocks, heads, batches):
+    launch_order = [
+        heaviest_first_block(x, y, z, key_blocks, heads, batches)
+        for z in range(batches) for y in range(heads) for x in range(key_blocks)
+    ]
+    every_cta = {(n, h, b) for n in range(key_blocks) for h in range(heads) for b in range(batches)}
+    assert sorted(launch_order) == sorted(every_cta)
+    assert [n for n, _, _ in launch_order] == sorted(n for n, _, _ in launch_order)
