@@ -282,10 +282,11 @@ class Sm90BackwardConfig:
     # accumulators to zero, no atomics, no conversion, K and V loaded once per group. The
     # grid has a CTA per kv head instead of per query head.
     kv_group_in_cta: bool = False
-    # Causal: CTAs take their key blocks in order across all heads and batch entries (key
-    # block 0 of every head first), not head by head: key block n walks the query blocks
-    # from n's diagonal on, so the longest walks start in the first wave and the short
-    # ones fill the tail, instead of a later head's longest walk starting in the last wave.
+    # Causal: CTAs take their key blocks in order across a section of heads and batch
+    # entries (key block 0 of each first), not head by head: key block n walks the query
+    # blocks from n's diagonal on, so the longest walks start early and the short ones fill
+    # the tail, instead of the last head's longest walk starting in the last wave. A
+    # section holds the heads whose Q, dO and dQ fit in part of L2 (sm90_bwd.py).
     heaviest_first: bool = False
     head_dim_split: bool = False
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's

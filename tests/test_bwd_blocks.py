@@ -104,11 +104,18 @@ def test_rotated_walk_start_fits_32_bits_at_any_length():
 
 
 @pytest.mark.parametrize("key_blocks,heads,batches", [(1, 1, 1), (7, 3, 2), (32, 2, 4), (5, 16, 1)])
-def test_heaviest_first_numbering_is_a_permutation_in_key_block_order(key_blocks, heads, batches):
+@pytest.mark.parametrize("section", (1, 2, 3, 64))
+def test_heaviest_first_numbering_is_a_permutation_in_key_block_order_per_section(key_blocks, heads, batches,
+                                                                                 section):
     launch_order = [
-        heaviest_first_block(x, y, z, key_blocks, heads, batches)
+        heaviest_first_block(x, y, z, key_blocks, heads, batches, section)
         for z in range(batches) for y in range(heads) for x in range(key_blocks)
     ]
     every_cta = {(n, h, b) for n in range(key_blocks) for h in range(heads) for b in range(batches)}
     assert sorted(launch_order) == sorted(every_cta)
-    assert [n for n, _, _ in launch_order] == sorted(n for n, _, _ in launch_order)
+    units_per_section = min(section, heads * batches)
+    for start in range(0, len(launch_order), key_blocks * units_per_section):
+        ctas = launch_order[start:start + key_blocks * units_per_section]
+        units = {(h, b) for _, h, b in ctas}
+        assert len(units) * key_blocks == len(ctas)  # whole units, each with all its key blocks
+        assert [n for n, _, _ in ctas] == sorted(n for n, _, _ in ctas)
