@@ -13,6 +13,7 @@ import torch
 
 from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
 from flash4.compiler import compiled_backward, compiled_backward_postprocess, compiled_backward_preprocess
+from flash4.devices import device_sms
 from flash4.kernels.configs import Sm90BackwardConfig
 
 # Per head dim: query rows per block, and for head dim 256 the head-dim split (its dK and
@@ -33,6 +34,21 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 # rounds, faster rounds: the zeros 1-3% ahead at 8k and 16k at every head dim, first
 # stores up to 8% ahead at 1k and 2k, 4k even; perf/sweep_configs.py).
 ZEROED_DQ_MIN_SEQLEN_K = 8192
+# GQA/MQA unmasked: a CTA per kv head walks its group's query heads, dK and dV in registers
+# (no fp32 accumulators, atomics or conversion), instead of a CTA per query head adding into
+# accumulators the group shares. H200, 8 query heads per kv head, three rounds, medians,
+# 1k / 4k / 16k: +19% / +6% / +1% at head dim 128, +16% / +5-9% / even at 64, +16% / +5% /
+# even at 256, every grid there filling 97% of its last wave. Its grid is a group's worth
+# smaller, so where that leaves more of the last wave idle (MQA at batch 1, say) the grid of
+# query heads stays. Causal it lost from 4k (and at 1k at head dims 128 and 256): the key
+# blocks' walks shorten along the diagonal and are 8x longer, so the grid's tail idles.
+KV_GROUP_IN_CTA_MIN_WAVE_FILL = 0.95
+
+
+def wave_fill(ctas: int, sms: int) -> float:
+    """The share of SMs a grid of ``ctas`` keeps busy over its waves (one CTA per SM: the
+    backward takes all of shared memory)."""
+    return ctas / (-(-ctas // sms) * sms)
 
 
 def check_backward_supported(problem: AttentionProblem) -> None:
@@ -45,15 +61,24 @@ def check_backward_supported(problem: AttentionProblem) -> None:
 
 
 def backward_config(
-    head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False, *, seqlen_k: int
+    head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False, *, seqlen_k: int,
+    kv_units: int | None = None, sms: int | None = None,
 ) -> Sm90BackwardConfig:
-    """``grouped``: several query heads share each kv head (GQA/MQA). Deterministic
-    kernels keep first stores at any length: their turns, not tickets, pick the first."""
+    """``grouped``: several query heads share each kv head (GQA/MQA); unmasked, a CTA per
+    kv head walks them (kv_group_in_cta) when its grid (``kv_units``: batch x kv heads, on
+    ``sms`` SMs; left out, taken to fill its waves) fills KV_GROUP_IN_CTA_MIN_WAVE_FILL,
+    otherwise they add into shared fp32 dK and dV (kv_accumulate). Deterministic kernels
+    keep first stores at any length: their turns, not tickets, pick the first."""
     if head_dim not in _CONFIGS:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
+    shape = _CONFIGS[head_dim]
+    group_in_cta = grouped and not causal and not deterministic
+    if group_in_cta and kv_units is not None and sms is not None:
+        ctas = -(-seqlen_k // shape.get("tile_n", Sm90BackwardConfig.tile_n)) * kv_units
+        group_in_cta = wave_fill(ctas, sms) >= KV_GROUP_IN_CTA_MIN_WAVE_FILL
     return Sm90BackwardConfig(
-        head_dim=head_dim, causal=causal, kv_accumulate=grouped, deterministic=deterministic,
-        dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K, **_CONFIGS[head_dim],
+        head_dim=head_dim, causal=causal, kv_accumulate=grouped and not group_in_cta, kv_group_in_cta=group_in_cta,
+        deterministic=deterministic, dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K, **shape,
     )
 
 
@@ -103,7 +128,10 @@ def attention_backward(
                          f"{lse.dtype} {tuple(lse.shape)}")
     grouped = problem.kv_heads != problem.heads
     if config is None:
-        config = backward_config(problem.head_dim, causal, grouped, deterministic, seqlen_k=problem.seqlen_k)
+        config = backward_config(
+            problem.head_dim, causal, grouped, deterministic, seqlen_k=problem.seqlen_k,
+            kv_units=problem.batch * problem.kv_heads, sms=device_sms(q.device.index),
+        )
     if grouped and not (config.kv_accumulate or config.kv_group_in_cta):
         raise ValueError(
             f"config: {problem.heads} query heads share {problem.kv_heads} kv heads, so dK and dV need "

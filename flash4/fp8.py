@@ -19,7 +19,8 @@ import torch
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
 from flash4.compiler import compiled_forward
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
-from flash4.interface import LOG2_E, device_arch, device_sms, on_device
+from flash4.devices import device_arch, device_sms, on_device
+from flash4.interface import LOG2_E
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (
     FP8_KEY_GROUP,

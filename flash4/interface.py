@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 
@@ -13,7 +11,8 @@ from flash4.autograd import AttentionFunction
 from flash4.backward import check_backward_supported
 from flash4.checks import AttentionProblem, check_attention_args
 from flash4.compiler import compiled_forward
-from flash4.dispatch import arch_of_capability, select
+from flash4.devices import device_arch, device_sms, on_device
+from flash4.dispatch import select
 
 # exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
 LOG2_E = math.log2(math.e)
@@ -23,26 +22,6 @@ LOG2_E = math.log2(math.e)
 # Everything in the key is static, so shapes and scales never recompile; plain values keep
 # the lookup cheap (hashing the nested dataclasses of a row is not).
 _KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], Callable[..., Any]] = {}
-
-
-@functools.lru_cache(maxsize=None)
-def device_arch(index: int) -> str:
-    """The architecture flash4 builds for on CUDA device ``index``."""
-    return arch_of_capability(*torch.cuda.get_device_capability(index))
-
-
-def on_device(device: torch.device) -> ContextManager:
-    """A context in which launches go to ``device``: switching the current device costs
-    microseconds a call, so only when ``device`` is not the current one already."""
-    if device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
-@functools.lru_cache(maxsize=None)
-def device_sms(index: int) -> int:
-    """SMs of CUDA device ``index``: persistent kernels launch one CTA per SM."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def flash_attn_func(

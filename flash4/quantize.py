@@ -239,7 +239,7 @@ def _dtype_name(x: Tensor) -> str:
 def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     """``quantize_fp8`` of an (already rotated) CUDA tensor by kernels/quantize_fp8.py."""
     from flash4.compiler import compiled_quantize_fp8
-    from flash4.interface import on_device
+    from flash4.devices import on_device
 
     x = _kernel_input(x)
     batch, seqlen, heads, head_dim = x.shape
@@ -258,7 +258,7 @@ def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
 def _value_layout_on_gpu(v: Tensor, descale: Tensor) -> Tensor:
     """v over the per-tensor ``descale``, rounded to e4m3 in the FP8 kernel's V layout."""
     from flash4.compiler import compiled_quantize_fp8_transposed_v
-    from flash4.interface import on_device
+    from flash4.devices import on_device
 
     v = _kernel_input(v)
     batch, seqlen, heads, head_dim = v.shape

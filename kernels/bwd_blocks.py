@@ -21,23 +21,6 @@ def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, cau
     return m_begin, cute.ceil_div(seqlen_q, tile_m)
 
 
-def heaviest_first_block(x, y, z, key_blocks, heads, batches, section):
-    """(key block, head, batch entry) of the CTA at grid index (x, y, z) of a
-    (key_blocks, heads, batches) grid, renumbered so that CTAs launched in order (x
-    fastest) take the (head, batch entry) units ``section`` at a time, and within a
-    section key block 0 of each unit, then key block 1, and so on: causal walks shorten
-    with the key block, so the longest start first, while the CTAs in flight read the Q
-    and dO of one section's heads only (the last section may hold fewer units)."""
-    units = heads * batches
-    order = x + key_blocks * (y + heads * z)
-    first_unit = order // (key_blocks * section) * section
-    units_here = cutlass.min(section, units - first_unit)
-    inside = order - first_unit * key_blocks
-    n_block = inside // units_here
-    unit = first_unit + inside - n_block * units_here
-    return n_block, unit % heads, unit // heads
-
-
 def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
     """The query block that key block ``n_block`` works on at ``step`` of its walk.
 

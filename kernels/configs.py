@@ -282,12 +282,6 @@ class Sm90BackwardConfig:
     # accumulators to zero, no atomics, no conversion, K and V loaded once per group. The
     # grid has a CTA per kv head instead of per query head.
     kv_group_in_cta: bool = False
-    # Causal: CTAs take their key blocks in order across a section of heads and batch
-    # entries (key block 0 of each first), not head by head: key block n walks the query
-    # blocks from n's diagonal on, so the longest walks start early and the short ones fill
-    # the tail, instead of the last head's longest walk starting in the last wave. A
-    # section holds the heads whose Q, dO and dQ fit in part of L2 (sm90_bwd.py).
-    heaviest_first: bool = False
     head_dim_split: bool = False
     # Bit-identical gradients run to run: the fp32 additions into dQ (and kv_accumulate's
     # dK, dV) take turns in a fixed order, through counters in global memory.
@@ -376,11 +370,6 @@ class Sm90BackwardConfig:
             raise ValueError(
                 "kv_group_in_cta=True: not with kv_accumulate (dK and dV have one writer) nor deterministic "
                 "(its turn order is per query head)"
-            )
-        if self.heaviest_first and (not self.causal or self.deterministic):
-            raise ValueError(
-                "heaviest_first=True: causal only (unmasked walks are all as long), and not deterministic "
-                "(its turn order takes the key blocks last to first)"
             )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

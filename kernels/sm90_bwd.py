@@ -62,7 +62,7 @@ from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .bwd_blocks import heaviest_first_block, masked_block_end, query_block_at, query_block_range
+from .bwd_blocks import masked_block_end, query_block_at, query_block_range
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
@@ -72,10 +72,6 @@ from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
 from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
 
-# heaviest_first's sections: the heads whose Q, dO and fp32 dQ accumulator fit in this many
-# bytes run together, every CTA in flight streaming them from L2 (50 MB on H100 and H200;
-# K, V, LSE, D and the outputs take the rest).
-HEAVIEST_FIRST_L2_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True)
 class KeyBlock:
@@ -256,13 +252,6 @@ class Sm90BackwardKernel:
             return cute.size(mK.shape[2])
         return cute.size(mQ.shape[2])
 
-    def heaviest_first_section(self, mQ: cute.Tensor, mK: cute.Tensor) -> Int32:
-        """(head, batch entry) units per heaviest_first section: as many as fit their Q, dO
-        and dQ accumulator rows in HEAVIEST_FIRST_L2_BYTES, at least one."""
-        row_bytes = self.head_dim * (2 * self.dtype.width // 8 + FP32_BYTES)
-        rows_per_unit = mQ.shape[0] * (mQ.shape[2] // self.grid_heads(mQ, mK))
-        return cutlass.max(HEAVIEST_FIRST_L2_BYTES // row_bytes // rows_per_unit, 1)
-
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout) -> Type:
         def buffer(layout, dtype=self.dtype):
             return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], SMEM_ALIGN_BYTES]
@@ -330,10 +319,6 @@ class Sm90BackwardKernel:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.config.heaviest_first):
-            n_block, head, batch = heaviest_first_block(
-                n_block, head, batch, *cute.arch.grid_dim(), self.heaviest_first_section(mQ, mK)
-            )
         if cutlass.const_expr(mdQReady is not None):
             # The postprocess may be scheduled once every CTA of this grid has started: it
             # then waits per head (DQStoreWarp.signal_ready), and only takes SMs this grid has left.

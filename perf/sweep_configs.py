@@ -38,7 +38,8 @@ import torch
 from flash4 import bench
 from flash4.compiler import compiled_forward
 from flash4.dispatch import KernelEntry, select
-from flash4.interface import LOG2_E, device_sms
+from flash4.devices import device_sms
+from flash4.interface import LOG2_E
 
 # Each list: the selector's row ({}) and changes to it; a change that does not apply to a
 # shape is left out there. Add a candidate here with its GPU test, run the sweep, keep the
@@ -321,25 +322,36 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # the masked loop too. Faster rounds (selector: the better of its two copies), full
 # 512/551/598 -> (a) 468/549/581, (b) 471/552/583; causal 378/514/587 -> (a) 367/498/578,
 # (b) 370/507/577. More tensor work under the dS math does not pay; why was not shown.
-# Candidate [not yet run on a GPU]: causal CTAs renumbered so key block 0 of every head
-# launches first (heaviest_first); skipped on unmasked shapes, which refuse it.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(heaviest_first=True)] for hdim in (64, 128, 256)
+    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
+    for hdim in (64, 128, 256)
 }
-# With --group G > 1 (GQA/MQA) these join them: a CTA per kv head walking each query head
-# of its group, dK and dV in registers across the walks (kv_group_in_cta), against the
-# fp32 accumulators shared by the group (kv_accumulate). First sweep (2026-11-30, --group
-# 8, three rounds, --control; -bwd-sweep-gqa8-kv-group-in-cta.json; 120 GPU tests passed),
-# medians, selector/again -> kv_group_in_cta (fa4): d128 full 1k/4k/16k 435/429 -> 517
-# (439), 540/549 -> 582 (568), 594/594 -> 601 (603); d64 full 396/394 -> 460 (405),
-# 472/493 -> 516 (503), 525/502 -> 526 (528). Causal lost from 4k: d128 327/323 -> 288,
-# 495/487 -> 376, 581/581 -> 541; d64 290/289 -> 325, 443/437 -> 417, 516/523 -> 519.
-# A CTA per kv head is 8x fewer, longer CTAs; in launch order (key blocks of one head
-# first) a later head's key block 0, whose walk is the whole group's full length, starts
-# in the last wave. Candidate [not yet run on a GPU]: the same with heaviest_first.
+# With --group G > 1 (GQA/MQA) these join them: the two ways to write a group's dK and dV.
+# Taken (2026-11-30, --group 8, three rounds, --control; -bwd-sweep-gqa8-kv-group-in-cta.json,
+# -bwd-sweep-gqa8-d256-kv-group-in-cta.json; 120 GPU tests passed), for unmasked grids that
+# fill their last wave (flash4/backward.py): a CTA per kv head walking each query head of
+# its group, dK and dV in registers across the walks (kv_group_in_cta), against the fp32
+# accumulators shared by the group (kv_accumulate). Medians, selector/again -> in CTA
+# (fa4), 1k / 4k / 16k: d128 full 435/429 -> 517 (439), 540/549 -> 582 (568), 594/594 ->
+# 601 (603); d64 full 396/394 -> 460 (405), 472/493 -> 516 (503), 525/502 -> 526 (528);
+# d256 full 350/347 -> 406 (286), 422/421 -> 445 (361), 460/453 -> 459 (374). Causal lost:
+# d128 327/323 -> 288, 495/487 -> 376, 581/581 -> 541; d64 290/289 -> 325, 443/437 -> 417,
+# 516/523 -> 519; d256 269/269 -> 211, 389/393 -> 301, 457/448 -> 430. A CTA per kv head
+# is 8x fewer, 8x longer CTAs whose walks shorten along the diagonal.
+# Lost or tied (2026-11-30, same protocol; -bwd-sweep-causal-heaviest-first*.json,
+# -bwd-sweep-gqa8-causal-heaviest-first*.json; 60 GPU tests passed): causal CTAs
+# renumbered so that key block 0 of every (head, batch entry) launches first, then key
+# block 1, and so on (the longest walks first). Across all heads: the default grid lost
+# 5-27% (d64 causal 4k 459 -> 337; every CTA in flight streaming another head's Q and dO
+# from DRAM); kv_group_in_cta gained at 1k (d128 312/319 -> 335, d64 282 -> 338) and d64
+# 4k (431/437 -> 458), still lost d128 4k (475/481 -> 437) and 16k. In sections of heads
+# whose Q, dO and dQ accumulator fit 32 MiB of L2: the default grid within noise (MHA d128
+# 4k 524/521 -> 529, 16k 598/599 -> 592; d64 466/465 -> 462, 532/531 -> 526), in CTA d128
+# 1k 317/321 -> 305, 4k 483/489 -> 380, d256 1k 269 -> 224. Not kept; pairing key block n
+# with its mirror in one CTA (equal walks) is the untried way to balance causal in CTA.
 GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
+    dict(kv_accumulate=True, kv_group_in_cta=False),
     dict(kv_accumulate=False, kv_group_in_cta=True),
-    dict(kv_accumulate=False, kv_group_in_cta=True, heaviest_first=True),
 ]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
@@ -523,7 +535,10 @@ def main() -> None:
             from flash4.backward import backward_config
 
             grouped = args.group > 1
-            base_config = backward_config(shape.head_dim, shape.causal, grouped, seqlen_k=shape.seqlen)
+            base_config = backward_config(
+                shape.head_dim, shape.causal, grouped, seqlen_k=shape.seqlen,
+                kv_units=shape.batch * shape.heads // shape.group, sms=device_sms(torch.cuda.current_device()),
+            )
             changes = BACKWARD_CANDIDATES[shape.head_dim] + (GROUPED_BACKWARD_CANDIDATES if grouped else [])
             for change in changes:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"

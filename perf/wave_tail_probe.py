@@ -17,7 +17,7 @@ import torch
 
 from flash4 import bench
 from flash4.backward import backward_config
-from flash4.interface import device_sms
+from flash4.devices import device_sms
 
 
 def whole_waves_shape(shape: bench.Shape, sms: int) -> bench.Shape:

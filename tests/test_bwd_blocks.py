@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.bwd_blocks import dq_turn_rank, heaviest_first_block, masked_block_end, query_block_at, query_block_range
+from flash4.kernels.bwd_blocks import dq_turn_rank, masked_block_end, query_block_at, query_block_range
 
 
 
@@ -101,21 +101,3 @@ def test_rotated_walk_start_fits_32_bits_at_any_length():
         n_block = key_blocks - 1
         assert n_block * max(m_end // key_blocks, 1) < max(m_end, key_blocks)
         assert 0 <= query_block_at(m_end - 1, n_block, m_end, key_blocks, True) < m_end
-
-
-@pytest.mark.parametrize("key_blocks,heads,batches", [(1, 1, 1), (7, 3, 2), (32, 2, 4), (5, 16, 1)])
-@pytest.mark.parametrize("section", (1, 2, 3, 64))
-def test_heaviest_first_numbering_is_a_permutation_in_key_block_order_per_section(key_blocks, heads, batches,
-                                                                                 section):
-    launch_order = [
-        heaviest_first_block(x, y, z, key_blocks, heads, batches, section)
-        for z in range(batches) for y in range(heads) for x in range(key_blocks)
-    ]
-    every_cta = {(n, h, b) for n in range(key_blocks) for h in range(heads) for b in range(batches)}
-    assert sorted(launch_order) == sorted(every_cta)
-    units_per_section = min(section, heads * batches)
-    for start in range(0, len(launch_order), key_blocks * units_per_section):
-        ctas = launch_order[start:start + key_blocks * units_per_section]
-        units = {(h, b) for _, h, b in ctas}
-        assert len(units) * key_blocks == len(ctas)  # whole units, each with all its key blocks
-        assert [n for n, _, _ in ctas] == sorted(n for n, _, _ in ctas)

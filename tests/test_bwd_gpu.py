@@ -124,12 +124,13 @@ def test_backward_variants_refuse_a_grouped_config_without_a_kv_scheme():
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
 @pytest.mark.parametrize("heads,kv_heads", ((4, 2), (8, 1), (6, 2), (3, 3)), ids=("gqa2", "mqa8", "gqa3", "mha"))
-def test_backward_kv_group_in_cta_candidate_matches_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+def test_backward_kv_group_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
     # A CTA per kv head walking each query head of its group in turn, dK and dV in its
-    # registers across the walks (kv_group_in_cta), against the reference: odd and even
-    # groups, MQA, and multi-head (a group of one); short walks (17 queries) and walks
-    # whose query blocks see no key (causal, 4096 queries on 128 keys). 4 batch entries at
-    # the short lengths keep several CTAs per kv head in flight.
+    # registers across the walks (kv_group_in_cta), against the reference, masked or not
+    # whatever the selector picks: odd and even groups, MQA, and multi-head (a group of
+    # one); short walks (17 queries) and walks whose query blocks see no key (causal, 4096
+    # queries on 128 keys). 4 batch entries at the short lengths keep several CTAs per kv
+    # head in flight.
     import dataclasses
 
     from flash4.backward import backward_config
@@ -140,28 +141,6 @@ def test_backward_kv_group_in_cta_candidate_matches_reference(head_dim, causal, 
     )
     batch = 4 if seqlen_q * seqlen_k < 1000 * 1000 else 2
     _backward_matches_reference(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, torch.bfloat16, config)
-
-
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("kv_scheme", ("kv_accumulate", "kv_group_in_cta"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
-@pytest.mark.parametrize("heads,kv_heads", ((4, 2), (3, 3)), ids=("gqa2", "mha"))
-def test_backward_heaviest_first_candidate_matches_reference(head_dim, kv_scheme, seqlen_q, seqlen_k, heads,
-                                                            kv_heads):
-    # Causal CTAs renumbered key block by key block across heads and batch entries
-    # (heaviest_first): every (key block, head, batch entry) still gets exactly one CTA,
-    # under both ways of writing dK and dV; 3 batch entries so that the renumbering mixes
-    # them.
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(
-        backward_config(head_dim, True, kv_heads != heads, seqlen_k=seqlen_k), heaviest_first=True,
-        kv_accumulate=kv_scheme == "kv_accumulate" and kv_heads != heads,
-        kv_group_in_cta=kv_scheme == "kv_group_in_cta",
-    )
-    _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, head_dim, True, torch.bfloat16, config)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))

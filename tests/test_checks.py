@@ -384,7 +384,7 @@ def test_launches_switch_device_only_for_another_device(monkeypatch):
     # current device; torch's device guard when they live on another.
     import contextlib
 
-    from flash4.interface import on_device
+    from flash4.devices import on_device
 
     switched = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -78,16 +78,19 @@ def test_variant_without_lse_stores_nothing_but_o(entry, tmp_path, monkeypatch):
 @pytest.mark.parametrize("grouped", (False, True, "in-cta"), ids=("mha", "gqa", "gqa-group-in-cta"))
 def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, grouped):
     # It must build for sm_90a with the instructions its design depends on, every wgmma
-    # pipelined. "in-cta": the candidate that walks a kv head's query heads in one CTA,
-    # whose instructions are the multi-head kernel's (its loops run once per query head).
+    # pipelined. "gqa": fp32 dK and dV shared by a group; "in-cta": a CTA walking a kv
+    # head's query heads, whose instructions are the multi-head kernel's (its loops run
+    # once per query head).
     import dataclasses
 
     from flash4.backward import backward_config
     from flash4.compiler import compile_backward_report
 
     config = backward_config(head_dim, causal, bool(grouped), seqlen_k=1024)
-    if grouped == "in-cta":
-        config = dataclasses.replace(config, kv_accumulate=False, kv_group_in_cta=True)
+    if grouped:
+        # Each scheme whatever the selector picks for this mask.
+        in_cta = grouped == "in-cta"
+        config = dataclasses.replace(config, kv_accumulate=not in_cta, kv_group_in_cta=in_cta)
     grouped = config.kv_accumulate
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0, f"ptxas serialised wgmmas in {config}"

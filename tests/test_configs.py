@@ -77,6 +77,32 @@ def test_backward_selector_zeroes_the_accumulator_from_long_rows_on_unless_deter
             assert backward_config(head_dim, causal, deterministic=True, seqlen_k=ZEROED_DQ_MIN_SEQLEN_K).dq_first_stores
 
 
+def test_backward_selector_walks_a_kv_group_in_one_cta_only_unmasked_on_a_full_grid():
+    from flash4.backward import SUPPORTED_HEAD_DIMS, backward_config, wave_fill
+
+    h200_sms = 132
+    assert wave_fill(256, h200_sms) == 256 / 264 and wave_fill(132, h200_sms) == 1.0
+    for head_dim in SUPPORTED_HEAD_DIMS:
+        def scheme(causal=False, deterministic=False, grouped=True, seqlen_k=4096, kv_units=8):
+            c = backward_config(head_dim, causal, grouped, deterministic, seqlen_k=seqlen_k, kv_units=kv_units,
+                                sms=h200_sms)
+            return (c.kv_accumulate, c.kv_group_in_cta)
+
+        # The protocol's GQA-8 shapes: 16k tokens, 2 kv heads (head dim 128), a full last wave.
+        tile_n = backward_config(head_dim, False, seqlen_k=1024).tile_n
+        for seqlen in (1024, 4096, 16384):
+            kv_units = 16384 // seqlen * 2048 // head_dim // 8
+            assert wave_fill(-(-seqlen // tile_n) * kv_units, h200_sms) >= 0.95
+            assert scheme(seqlen_k=seqlen, kv_units=kv_units) == (False, True)
+        assert scheme(causal=True) == (True, False)
+        assert scheme(deterministic=True) == (True, False)
+        assert scheme(grouped=False) == (False, False)
+        # MQA at batch 1: a CTA per key block of the one kv head leaves most SMs idle.
+        assert scheme(seqlen_k=4096, kv_units=1) == (True, False)
+        # Left out, the grid is taken as full.
+        assert backward_config(head_dim, False, True, seqlen_k=64).kv_group_in_cta
+
+
 @pytest.mark.parametrize(
     "fields,message",
     [
