@@ -114,7 +114,8 @@ def test_backward_variants_refuse_a_grouped_config_without_a_kv_scheme():
     k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out, lse = flash_attn_func(q, k, v, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    config = dataclasses.replace(backward_config(64, False, True, seqlen_k=64), kv_accumulate=False)
+    config = dataclasses.replace(backward_config(64, False, True, seqlen_k=64), kv_accumulate=False,
+                                 kv_group_in_cta=False)
     with pytest.raises(ValueError, match="kv_accumulate=True or kv_group_in_cta=True"):
         attention_backward(q, k, v, out, torch.randn_like(out), lse, grads=grads, config=config)
     assert all(g.isnan().all() for g in grads)
