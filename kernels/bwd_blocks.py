@@ -21,6 +21,13 @@ def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, cau
     return m_begin, cute.ceil_div(seqlen_q, tile_m)
 
 
+def mirror_block(n_block, key_blocks):
+    """``mirror_pairs``: the CTA at grid index ``n_block`` (of ceil(key_blocks / 2)) walks
+    key block ``n_block`` and then this one, when it is another (not the middle block of
+    an odd count)."""
+    return key_blocks - 1 - n_block
+
+
 def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
     """The query block that key block ``n_block`` works on at ``step`` of its walk.
 

@@ -313,6 +313,12 @@ class Sm90BackwardConfig:
     # stores in order lost 4-7% unmasked at 16k, waiting for the first store; rotated the
     # long rows are within the rounds' spread.
     rotate_query_blocks: bool = True
+    # Causal: a CTA walks key block n and then its mirror, key_blocks - 1 - n (half the
+    # grid), so every CTA walks about as many query blocks: causal walks shorten along the
+    # diagonal, and the longest ones (key block 0 of a late head) otherwise start in the
+    # grid's last wave while short ones have run out. Between the two, dK and dV of the
+    # first are stored and K and V of the second loaded.
+    mirror_pairs: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -370,6 +376,11 @@ class Sm90BackwardConfig:
             raise ValueError(
                 "kv_group_in_cta=True: not with kv_accumulate (dK and dV have one writer) nor deterministic "
                 "(its turn order is per query head)"
+            )
+        if self.mirror_pairs and (not self.causal or self.deterministic):
+            raise ValueError(
+                "mirror_pairs=True: causal only (unmasked walks are all as long), and not deterministic "
+                "(its turns take the key blocks in grid order)"
             )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -62,7 +62,7 @@ from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
 from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .bwd_blocks import masked_block_end, query_block_at, query_block_range
+from .bwd_blocks import masked_block_end, mirror_block, query_block_at, query_block_range
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
@@ -240,11 +240,18 @@ class Sm90BackwardKernel:
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout),
         ).launch(
-            grid=(cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), self.grid_heads(mQ, mK), cute.size(mQ.shape[3])),
+            grid=(self.grid_key_blocks(mK), self.grid_heads(mQ, mK), cute.size(mQ.shape[3])),
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    def grid_key_blocks(self, mK: cute.Tensor):
+        """The grid's key-block axis: a CTA per key block, or (mirror_pairs) per pair."""
+        key_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+        if cutlass.const_expr(self.config.mirror_pairs):
+            return cute.ceil_div(key_blocks, 2)
+        return key_blocks
 
     def grid_heads(self, mQ: cute.Tensor, mK: cute.Tensor):
         """The grid's head axis: a CTA per query head, or (kv_group_in_cta) per kv head."""
@@ -350,24 +357,24 @@ class Sm90BackwardKernel:
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                self.produce(
-                    mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
-                    sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, n_block, first_head, heads_walked, batch,
-                    m_begin, m_end,
-                )
+                produce = (mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
+                           sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, first_head, heads_walked, batch)
+                kv_state = producer_state(1)
+                q_state = producer_state(self.config.q_stages)
+                do_state = producer_state(self.config.do_stages)
+                kv_state, q_state, do_state = self.produce(*produce, n_block, m_begin, m_end, kv_state, q_state,
+                                                           do_state)
+                if cutlass.const_expr(self.config.mirror_pairs):
+                    mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
+                    if mirror > n_block:
+                        self.produce(*produce, mirror, begin, end, kv_state, q_state, do_state)
             if warp_idx == DQ_STORE_WARP:
-                store_warp = DQStoreWarp(self.config, self.rotate)
-                if cutlass.const_expr(self.config.kv_group_in_cta):
-                    for g in cutlass.range(heads_walked, unroll=1):
-                        self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, None, n_block, first_head + g, batch,
-                                      seqlen_q, seqlen_k, m_begin, m_end)
-                    # Counted once every walk is done: between two walks the wait for the
-                    # landing would hold back the next head's first dQ hand-over.
-                    if cutlass.const_expr(mdQReady is not None):
-                        self.signal_walks(mdQReady, first_head, heads_walked, batch)
-                else:
-                    self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head, batch,
-                                  seqlen_q, seqlen_k, m_begin, m_end)
+                store = (sdQ, mdQAccum, mdQCounters, mdQReady, first_head, heads_walked, batch, seqlen_q, seqlen_k)
+                self.store_key_block(*store, n_block, m_begin, m_end)
+                if cutlass.const_expr(self.config.mirror_pairs):
+                    mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
+                    if mirror > n_block:
+                        self.store_key_block(*store, mirror, begin, end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -379,6 +386,29 @@ class Sm90BackwardKernel:
                 kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
                 softmax_scale, block, heads_walked, m_begin, m_end, tidx,
             )
+
+    def mirror_walk(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """mirror_pairs: the key block walked after ``n_block``, and its query blocks."""
+        mirror = mirror_block(n_block, cute.ceil_div(seqlen_k, self.tile_n))
+        return (mirror, *query_block_range(mirror, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal))
+
+    @cute.jit
+    def store_key_block(self, sdQ, mdQAccum, mdQCounters, mdQReady, first_head: Int32, heads_walked, batch: Int32,
+                        seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_begin: Int32, m_end: Int32):
+        """The store warp's work for one key block: each walked head's dQ, then the
+        postprocess's count."""
+        store_warp = DQStoreWarp(self.config, self.rotate)
+        if cutlass.const_expr(self.config.kv_group_in_cta):
+            for g in cutlass.range(heads_walked, unroll=1):
+                self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, None, n_block, first_head + g, batch,
+                              seqlen_q, seqlen_k, m_begin, m_end)
+            # Counted once every walk is done: between two walks the wait for the
+            # landing would hold back the next head's first dQ hand-over.
+            if cutlass.const_expr(mdQReady is not None):
+                self.signal_walks(mdQReady, first_head, heads_walked, batch)
+        else:
+            self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head, batch,
+                          seqlen_q, seqlen_k, m_begin, m_end)
 
     @cute.jit
     def signal_walks(self, mdQReady, first_head: Int32, heads_walked, batch: Int32):
@@ -403,17 +433,16 @@ class Sm90BackwardKernel:
     @cute.jit
     def produce(
         self, mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
-        sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring,
-        n_block: Int32, first_head: Int32, heads_walked, batch: Int32, m_begin: Int32, m_end: Int32,
+        sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, first_head: Int32, heads_walked, batch: Int32,
+        n_block: Int32, m_begin: Int32, m_end: Int32, kv_state, q_state, do_state,
     ):
-        kv_state = producer_state(1)
+        """The producer's loads for one key block: its K and V, then each walked head's
+        query blocks; returns the rings' states after them."""
         kv_ring.producer_acquire(kv_state)
         kv_head = first_head // (mQ.shape[2] // mK.shape[2])
         gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
         self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
         self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
-        q_state = producer_state(self.config.q_stages)
-        do_state = producer_state(self.config.do_stages)
         key_blocks = cute.ceil_div(mK.shape[0], self.tile_n)
         walk = (mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring, do_ring)
         if cutlass.const_expr(self.config.kv_group_in_cta):
@@ -421,7 +450,10 @@ class Sm90BackwardKernel:
                 q_state, do_state = self.load_walk(*walk, n_block, key_blocks, first_head + g, batch, m_begin, m_end,
                                                    q_state, do_state)
         else:
-            self.load_walk(*walk, n_block, key_blocks, first_head, batch, m_begin, m_end, q_state, do_state)
+            q_state, do_state = self.load_walk(*walk, n_block, key_blocks, first_head, batch, m_begin, m_end,
+                                               q_state, do_state)
+        kv_state.advance()
+        return kv_state, q_state, do_state
 
     @cute.jit
     def load_walk(self, mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring,
@@ -467,14 +499,42 @@ class Sm90BackwardKernel:
         softmax_scale: Float32, block: KeyBlock, heads_walked, m_begin: Int32, m_end: Int32, tidx: Int32,
     ):
         """A consumer thread: every query block's GEMMs for this key block (of each query
-        head it walks, from ``block.head`` on), then dK, dV."""
+        head it walks, from ``block.head`` on), then dK, dV; with mirror_pairs, the same
+        for the mirror key block."""
         ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx)
         rows = RowInputs(sLSE, sD)
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
-        kv_ring.consumer_wait(kv_state)
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
+        consume = (ops, kv_ring, q_ring, do_ring, rows, sdQ, sK, sV, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
+                   softmax_scale, scale_log2, heads_walked, tidx)
+        if cutlass.const_expr(self.config.mirror_pairs):
+            kv_state, q_state, do_state = self.consume_key_block(
+                *consume, block, m_begin, m_end, Int32(0), kv_state, q_state, do_state
+            )
+            mirror, begin, end = self.mirror_walk(block.n_block, block.seqlen_q, block.seqlen_k)
+            if mirror > block.n_block:
+                mirrored = KeyBlock(mirror, block.head, block.kv_head, block.rank_in_group, block.batch,
+                                    block.seqlen_q, block.seqlen_k)
+                self.consume_key_block(*consume, mirrored, begin, end, heads_walked * (m_end - m_begin), kv_state,
+                                       q_state, do_state)
+        else:
+            self.consume_key_block(*consume, block, m_begin, m_end, None, kv_state, q_state, do_state)
+
+    @cute.jit
+    def consume_key_block(
+        self, ops: BackwardOperands, kv_ring, q_ring, do_ring, rows: RowInputs, sdQ, sK, sV, mdKVTurns, mdK, mdV,
+        atom_dk, atom_dv, softmax_scale: Float32, scale_log2: Float32, heads_walked, tidx: Int32, block: KeyBlock,
+        m_begin: Int32, m_end: Int32, steps_before: Optional[Int32], kv_state, q_state, do_state,
+    ):
+        """One key block: its walks, then its dK and dV; returns the rings' states after
+        it. ``steps_before``: the query blocks walked before it (mirror_pairs; None: none),
+        so that the dSᵀ buffers keep taking turns."""
+        if cutlass.const_expr(self.config.mirror_pairs):
+            ops.acc_dv.fill(0.0)
+            ops.acc_dk.fill(0.0)
+        kv_ring.consumer_wait(kv_state)
         masked_end = masked_block_end(
             block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
         )
@@ -485,11 +545,20 @@ class Sm90BackwardKernel:
                     block.n_block, block.head + g, block.kv_head, g, block.batch, block.seqlen_q, block.seqlen_k
                 )
                 # The dSᵀ buffers keep taking turns from one head's walk to the next.
-                q_state, do_state = self.walk(*walk, head_block, g * (m_end - m_begin), q_state, do_state)
+                offset = g * (m_end - m_begin)
+                if cutlass.const_expr(steps_before is not None):
+                    offset = offset + steps_before
+                q_state, do_state = self.walk(*walk, head_block, offset, q_state, do_state)
         else:
-            self.walk(*walk, block, None, q_state, do_state)
+            q_state, do_state = self.walk(*walk, block, steps_before, q_state, do_state)
         # dK and dV: of the kv head, which the walks' query heads share.
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
+        if cutlass.const_expr(self.config.mirror_pairs):
+            # Each thread is done with K's and V's buffers: its GEMMs have completed, and
+            # thread 0 arrives once the TMA store of dK and dV has read them.
+            kv_ring.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state, q_state, do_state
 
     @cute.jit
     def walk(self, ops: BackwardOperands, q_ring, do_ring, rows: RowInputs, sdQ, m_begin: Int32, masked_end: Int32,

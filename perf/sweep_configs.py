@@ -322,8 +322,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # the masked loop too. Faster rounds (selector: the better of its two copies), full
 # 512/551/598 -> (a) 468/549/581, (b) 471/552/583; causal 378/514/587 -> (a) 367/498/578,
 # (b) 370/507/577. More tensor work under the dS math does not pay; why was not shown.
+# Candidate [not yet run on a GPU]: causal, a CTA walking key block n and then its mirror,
+# key_blocks - 1 - n, on half the grid (mirror_pairs; skipped on unmasked shapes).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)]
+    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False), dict(mirror_pairs=True)]
     for hdim in (64, 128, 256)
 }
 # With --group G > 1 (GQA/MQA) these join them: the two ways to write a group's dK and dV.
@@ -348,10 +350,14 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # whose Q, dO and dQ accumulator fit 32 MiB of L2: the default grid within noise (MHA d128
 # 4k 524/521 -> 529, 16k 598/599 -> 592; d64 466/465 -> 462, 532/531 -> 526), in CTA d128
 # 1k 317/321 -> 305, 4k 483/489 -> 380, d256 1k 269 -> 224. Not kept; pairing key block n
-# with its mirror in one CTA (equal walks) is the untried way to balance causal in CTA.
+# with its mirror in one CTA (equal walks) is the untried way to balance causal in CTA:
+# candidate [not yet run on a GPU], kv_group_in_cta with mirror_pairs. (With kv_accumulate,
+# which --group sweeps through the line above, ptxas spills 12 and 28 bytes at head dims
+# 64 and 128.)
 GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
     dict(kv_accumulate=True, kv_group_in_cta=False),
     dict(kv_accumulate=False, kv_group_in_cta=True),
+    dict(kv_accumulate=False, kv_group_in_cta=True, mirror_pairs=True),
 ]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it

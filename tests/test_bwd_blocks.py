@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flash4.kernels.bwd_blocks import dq_turn_rank, masked_block_end, query_block_at, query_block_range
+from flash4.kernels.bwd_blocks import dq_turn_rank, masked_block_end, mirror_block, query_block_at, query_block_range
 
 
 
@@ -101,3 +101,22 @@ def test_rotated_walk_start_fits_32_bits_at_any_length():
         n_block = key_blocks - 1
         assert n_block * max(m_end // key_blocks, 1) < max(m_end, key_blocks)
         assert 0 <= query_block_at(m_end - 1, n_block, m_end, key_blocks, True) < m_end
+
+
+@pytest.mark.parametrize("tile_m,tile_n", ((64, 128), (128, 128), (64, 64)))
+def test_mirror_pairs_walk_every_key_block_once_and_equal_causal_work(tile_m, tile_n):
+    for seqlen_q, seqlen_k in cases():
+        key_blocks = -(-seqlen_k // tile_n)
+        walked, work = [], []
+        for n_block in range(-(-key_blocks // 2)):
+            mirror = mirror_block(n_block, key_blocks)
+            blocks = [n_block] + ([mirror] if mirror > n_block else [])
+            walked += blocks
+            work.append(sum(end - begin for begin, end in
+                            (query_block_range(n, seqlen_q, seqlen_k, tile_m, tile_n, True) for n in blocks)))
+        assert sorted(walked) == list(range(key_blocks))
+        if seqlen_q == seqlen_k and key_blocks % 2 == 0:
+            # Square causal: a block's walk shortens by tile_n / tile_m query blocks per
+            # key block, so a block and its mirror add up to the same count (the ragged
+            # last query block aside).
+            assert max(work) - min(work) <= 1

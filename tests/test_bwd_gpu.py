@@ -145,6 +145,32 @@ def test_backward_kv_group_variants_match_reference(head_dim, causal, seqlen_q, 
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
+@pytest.mark.parametrize(
+    "heads,kv_heads,kv_scheme",
+    ((3, 3, None), (4, 2, "kv_accumulate"), (6, 2, "kv_group_in_cta"), (8, 1, "kv_group_in_cta")),
+    ids=("mha", "gqa2-accumulate", "gqa3-in-cta", "mqa8-in-cta"),
+)
+def test_backward_mirror_pairs_candidate_matches_reference(head_dim, seqlen_q, seqlen_k, heads, kv_heads,
+                                                           kv_scheme):
+    # Causal, a CTA walking key block n and then its mirror (mirror_pairs): even and odd
+    # key-block counts (1000 keys: 8 at tile_n 128; 777: 7, whose middle block walks
+    # alone; 17: one), a mirror whose query blocks see no key (4096 queries on 128 keys
+    # see them all; 128 on 4096: the late key blocks see none), under each way of writing
+    # dK and dV.
+    import dataclasses
+
+    from flash4.backward import backward_config
+
+    config = backward_config(head_dim, True, kv_heads != heads, seqlen_k=seqlen_k)
+    if kv_scheme is not None:
+        config = dataclasses.replace(config, kv_accumulate=kv_scheme == "kv_accumulate",
+                                     kv_group_in_cta=kv_scheme == "kv_group_in_cta")
+    config = dataclasses.replace(config, mirror_pairs=True)
+    _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, head_dim, True, torch.bfloat16, config)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))
 def test_long_rows_zeroed_accumulator_matches_reference(head_dim, causal, seqlen_q):
