@@ -517,8 +517,9 @@ class Sm90BackwardKernel:
             if mirror > block.n_block:
                 mirrored = KeyBlock(mirror, block.head, block.kv_head, block.rank_in_group, block.batch,
                                     block.seqlen_q, block.seqlen_k)
-                self.consume_key_block(*consume, mirrored, begin, end, heads_walked * (m_end - m_begin), kv_state,
-                                       q_state, do_state)
+                # The dSᵀ buffers take turns on from where the first block's walks left them.
+                ds_offset = heads_walked * (m_end - m_begin) + m_begin - begin
+                self.consume_key_block(*consume, mirrored, begin, end, ds_offset, kv_state, q_state, do_state)
         else:
             self.consume_key_block(*consume, block, m_begin, m_end, None, kv_state, q_state, do_state)
 
@@ -526,11 +527,11 @@ class Sm90BackwardKernel:
     def consume_key_block(
         self, ops: BackwardOperands, kv_ring, q_ring, do_ring, rows: RowInputs, sdQ, sK, sV, mdKVTurns, mdK, mdV,
         atom_dk, atom_dv, softmax_scale: Float32, scale_log2: Float32, heads_walked, tidx: Int32, block: KeyBlock,
-        m_begin: Int32, m_end: Int32, steps_before: Optional[Int32], kv_state, q_state, do_state,
+        m_begin: Int32, m_end: Int32, ds_offset: Optional[Int32], kv_state, q_state, do_state,
     ):
         """One key block: its walks, then its dK and dV; returns the rings' states after
-        it. ``steps_before``: the query blocks walked before it (mirror_pairs; None: none),
-        so that the dSᵀ buffers keep taking turns."""
+        it. ``ds_offset``: added to each step's index to pick its dSᵀ buffer (mirror_pairs;
+        None: nothing), so that they keep taking turns after an earlier block's walks."""
         if cutlass.const_expr(self.config.mirror_pairs):
             ops.acc_dv.fill(0.0)
             ops.acc_dk.fill(0.0)
@@ -546,11 +547,11 @@ class Sm90BackwardKernel:
                 )
                 # The dSᵀ buffers keep taking turns from one head's walk to the next.
                 offset = g * (m_end - m_begin)
-                if cutlass.const_expr(steps_before is not None):
-                    offset = offset + steps_before
+                if cutlass.const_expr(ds_offset is not None):
+                    offset = offset + ds_offset
                 q_state, do_state = self.walk(*walk, head_block, offset, q_state, do_state)
         else:
-            q_state, do_state = self.walk(*walk, block, steps_before, q_state, do_state)
+            q_state, do_state = self.walk(*walk, block, ds_offset, q_state, do_state)
         # dK and dV: of the kv head, which the walks' query heads share.
         self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
         if cutlass.const_expr(self.config.mirror_pairs):
@@ -565,8 +566,9 @@ class Sm90BackwardKernel:
              m_end: Int32, scale_log2: Float32, tidx: Int32, block: KeyBlock, ds_offset: Optional[Int32], q_state,
              do_state):
         """One query head's walk over the query blocks that see this key block, the masked
-        ones first; returns the rings' states after it. ``ds_offset``: the steps taken
-        before it (None: none), so the dSᵀ buffers keep taking turns."""
+        ones first; returns the rings' states after it. ``ds_offset``: added to each step's
+        index to pick its dSᵀ buffer (None: nothing), so that they keep taking turns after
+        earlier walks."""
         key_blocks = cute.ceil_div(block.seqlen_k, self.tile_n)
         parts = ((m_begin, masked_end, True), (masked_end, m_end, False))
         for part in cutlass.range_constexpr(len(parts)):

@@ -352,7 +352,7 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # 1k 317/321 -> 305, 4k 483/489 -> 380, d256 1k 269 -> 224. Not kept; pairing key block n
 # with its mirror in one CTA (equal walks) is the untried way to balance causal in CTA:
 # candidate [not yet run on a GPU], kv_group_in_cta with mirror_pairs. (With kv_accumulate,
-# which --group sweeps through the line above, ptxas spills 12 and 28 bytes at head dims
+# which --group sweeps through the line above, ptxas spills 24 and 28 bytes at head dims
 # 64 and 128.)
 GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
     dict(kv_accumulate=True, kv_group_in_cta=False),
