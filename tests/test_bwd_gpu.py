@@ -155,9 +155,9 @@ def test_backward_mirror_pairs_candidate_matches_reference(head_dim, seqlen_q, s
                                                            kv_scheme):
     # Causal, a CTA walking key block n and then its mirror (mirror_pairs): even and odd
     # key-block counts (1000 keys: 8 at tile_n 128; 777: 7, whose middle block walks
-    # alone; 17: one), a mirror whose query blocks see no key (4096 queries on 128 keys
-    # see them all; 128 on 4096: the late key blocks see none), under each way of writing
-    # dK and dV.
+    # alone; 17: one), query blocks that see no key (4096 queries on 128 keys: all but the
+    # last 128 rows) and many key blocks on few queries (128 on 4096), under each way of
+    # writing dK and dV.
     import dataclasses
 
     from flash4.backward import backward_config
