@@ -41,8 +41,17 @@ ZEROED_DQ_MIN_SEQLEN_K = 8192
 # even at 256, every grid there filling 97% of its last wave. Its grid is a group's worth
 # smaller, so where that leaves more of the last wave idle (MQA at batch 1, say) the grid of
 # query heads stays. Causal it lost from 4k (and at 1k at head dims 128 and 256): the key
-# blocks' walks shorten along the diagonal and are 8x longer, so the grid's tail idles.
+# blocks' walks shorten along the diagonal and are 8x longer, so the grid's tail idles
+# (mirrored pairs, below, even them out).
 KV_GROUP_IN_CTA_MIN_WAVE_FILL = 0.95
+# GQA/MQA causal, up to this many keys per head dim: the kv head's CTA walks key block n and
+# then its mirror, key_blocks - 1 - n (mirror_pairs), so its walks are all about as long and
+# the grid's tail does not idle. H200, 8 query heads per kv head, three rounds, medians,
+# against the shared accumulators (1k / 2k / 4k / 16k): head dim 64 276 -> 340, 365 -> 401,
+# 435 -> 449, 514 -> 489; 128 307 -> 333, 403 -> 391, 487 -> 435, 572 -> 510; 256 lost at
+# every length (265 -> 249 at 1k). Longer rows lose what the shorter walks gained; why the
+# crossing sits 2x further out at head dim 64 (same FLOPs per block) was not shown.
+MIRRORED_KV_GROUP_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 1024}
 
 
 def wave_fill(ctas: int, sms: int) -> float:
@@ -64,21 +73,25 @@ def backward_config(
     head_dim: int, causal: bool, grouped: bool = False, deterministic: bool = False, *, seqlen_k: int,
     kv_units: int | None = None, sms: int | None = None,
 ) -> Sm90BackwardConfig:
-    """``grouped``: several query heads share each kv head (GQA/MQA); unmasked, a CTA per
-    kv head walks them (kv_group_in_cta) when its grid (``kv_units``: batch x kv heads, on
+    """``grouped``: several query heads share each kv head (GQA/MQA); a CTA per kv head
+    walks them (kv_group_in_cta; causal, in mirrored pairs of key blocks and only up to
+    MIRRORED_KV_GROUP_MAX_SEQLEN_K) when its grid (``kv_units``: batch x kv heads, on
     ``sms`` SMs; left out, taken to fill its waves) fills KV_GROUP_IN_CTA_MIN_WAVE_FILL,
     otherwise they add into shared fp32 dK and dV (kv_accumulate). Deterministic kernels
     keep first stores at any length: their turns, not tickets, pick the first."""
     if head_dim not in _CONFIGS:
         raise ValueError(f"head_dim={head_dim}: the backward supports head dims {SUPPORTED_HEAD_DIMS}")
     shape = _CONFIGS[head_dim]
-    group_in_cta = grouped and not causal and not deterministic
+    short_enough = not causal or seqlen_k <= MIRRORED_KV_GROUP_MAX_SEQLEN_K.get(head_dim, 0)
+    group_in_cta = grouped and not deterministic and short_enough
     if group_in_cta and kv_units is not None and sms is not None:
-        ctas = -(-seqlen_k // shape.get("tile_n", Sm90BackwardConfig.tile_n)) * kv_units
+        key_blocks = -(-seqlen_k // shape.get("tile_n", Sm90BackwardConfig.tile_n))
+        ctas = (-(-key_blocks // 2) if causal else key_blocks) * kv_units
         group_in_cta = wave_fill(ctas, sms) >= KV_GROUP_IN_CTA_MIN_WAVE_FILL
     return Sm90BackwardConfig(
         head_dim=head_dim, causal=causal, kv_accumulate=grouped and not group_in_cta, kv_group_in_cta=group_in_cta,
-        deterministic=deterministic, dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K, **shape,
+        mirror_pairs=group_in_cta and causal, deterministic=deterministic,
+        dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K, **shape,
     )
 
 

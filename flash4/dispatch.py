@@ -32,6 +32,12 @@ CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
 HEAD_CLUSTER_MIN_SEQLEN = {64: 4096, 128: 4096, 256: 2048}
 # The FP8 kernel's inputs: e4m3 Q, K, V with one descale per tile; its O is bf16.
 FP8_DTYPE = "float8_e4m3fn"
+# The same for the FP8 rows with V per tensor (flash_attn_fp8's), at head dim 128 only.
+# H200, groups of 8, causal, three rounds, --control, medians, the table's two copies
+# against it (-fp8-sweep-head-clusters-gqa8.json), 4k / 16k: head dim 128 923/915 -> 957,
+# 1016/1006 -> 1042; 256 1125/1115 -> 1113, 1260/1260 -> 1264; 64 636/635 -> 622,
+# 761/763 -> 745. V per key block keeps the row (its kernel was not measured with them).
+FP8_HEAD_CLUSTER_MIN_SEQLEN = {128: 4096}
 FP8_OUT_DTYPE = "bfloat16"
 
 
@@ -303,9 +309,10 @@ def select(
 ) -> KernelEntry:
     """The table's row for this problem (``group``: query heads per K/V head), or an error
     naming what is supported."""
+    cluster_starts = FP8_HEAD_CLUSTER_MIN_SEQLEN if dtype == FP8_DTYPE else HEAD_CLUSTER_MIN_SEQLEN
     for row in _CASES.get((arch, dtype, head_dim, causal), ()):
         if seqlen_q >= row.min_seqlen_q:
-            if causal and group % 2 == 0 and seqlen_q >= HEAD_CLUSTER_MIN_SEQLEN.get(head_dim, seqlen_q + 1):
+            if causal and group % 2 == 0 and seqlen_q >= cluster_starts.get(head_dim, seqlen_q + 1):
                 # Plain values as the key: select() runs on every call, and hashing a row's
                 # nested dataclasses is not cheap.
                 return _HEAD_CLUSTER_VARIANTS.get((arch, dtype, head_dim, row.min_seqlen_q), row)
@@ -325,11 +332,15 @@ def select(
     )
 
 
-def select_fp8(arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool) -> KernelEntry:
-    """The FP8 row for this problem; for a V with one descale per key block
-    (``v_per_tensor=False``), the row's kernel built for blockwise V descales."""
-    entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q)
-    return entry if v_per_tensor else _with_blockwise_v(entry)
+def select_fp8(
+    arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool, group: int = 1
+) -> KernelEntry:
+    """The FP8 row for this problem (``group``: query heads per K/V head); for a V with one
+    descale per key block (``v_per_tensor=False``), the row's kernel built for blockwise V
+    descales."""
+    if not v_per_tensor:
+        return _with_blockwise_v(select(arch, FP8_DTYPE, head_dim, causal, seqlen_q))
+    return select(arch, FP8_DTYPE, head_dim, causal, seqlen_q, group)
 
 
 def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
@@ -346,11 +357,9 @@ def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
     return replace(entry, config=replace(entry.config, kv_multicast=True, cluster_heads=True))
 
 
-# (arch, dtype, head dim, row's min_seqlen_q) -> the causal 16-bit row with head clusters.
+# (arch, dtype, head dim, row's min_seqlen_q) -> the causal row with head clusters.
 _HEAD_CLUSTER_VARIANTS: dict[tuple[str, str, int, int], KernelEntry] = {
-    (row.arch, row.dtype, row.head_dim, row.min_seqlen_q): _with_head_clusters(row)
-    for row in TABLE
-    if row.causal and row.dtype in SUPPORTED_DTYPES
+    (row.arch, row.dtype, row.head_dim, row.min_seqlen_q): _with_head_clusters(row) for row in TABLE if row.causal
 }
 
 
@@ -380,8 +389,12 @@ def format_table(arch: str | None = None) -> str:
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
-    starts = ", ".join(f"{seqlen} at head dim {dim}" for dim, seqlen in HEAD_CLUSTER_MIN_SEQLEN.items())
+    def starts(by_head_dim: dict[int, int]) -> str:
+        return ", ".join(f"{seqlen} at head dim {dim}" for dim, seqlen in by_head_dim.items())
+
     return (
-        f"{table}\n\nCausal {'/'.join(SUPPORTED_DTYPES)} with an even number of query heads per K/V head: "
-        f"K/V shared by {KV_MULTICAST_CTAS} query heads instead, from seqlen_q {starts}."
+        f"{table}\n\nCausal with an even number of query heads per K/V head: K/V shared by "
+        f"{KV_MULTICAST_CTAS} query heads instead, {'/'.join(SUPPORTED_DTYPES)} from seqlen_q "
+        f"{starts(HEAD_CLUSTER_MIN_SEQLEN)}; {FP8_DTYPE} with V per tensor from seqlen_q "
+        f"{starts(FP8_HEAD_CLUSTER_MIN_SEQLEN)}."
     )

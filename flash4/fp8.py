@@ -84,7 +84,10 @@ def flash_attn_fp8(
         )
     # The device's kernel for the problem before any launch: its tiles are the blocks, and a
     # GPU without FP8 kernels is refused before anything is quantized.
-    entry = select_fp8(device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True)
+    entry = select_fp8(
+        device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
+        group=problem.heads // problem.kv_heads,
+    )
     blocks = Fp8Blocks(entry.config.tile_m, entry.config.tile_n)
     return flash_attn_fp8_quantized(
         quantize_fp8(q, blocks.q, hadamard),
@@ -121,7 +124,8 @@ def flash_attn_fp8_quantized(
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
     device = q.values.device
     entry = select_fp8(
-        device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None
+        device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None,
+        group=problem.heads // problem.kv_heads,
     )
     kernel = compiled_forward(entry, return_lse)
     batch, heads = problem.batch, problem.heads

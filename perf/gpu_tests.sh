@@ -21,7 +21,7 @@ segments=(
   "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256 and not candidate"
   "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256 and not candidate"
   "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
-  "bwdvariants|200|tests/test_bwd_gpu.py -k variants"
+  "bwdvariants|300|tests/test_bwd_gpu.py -k variants"
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
   "fp8|300|tests/test_fp8_gpu.py"

@@ -322,11 +322,16 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # the masked loop too. Faster rounds (selector: the better of its two copies), full
 # 512/551/598 -> (a) 468/549/581, (b) 471/552/583; causal 378/514/587 -> (a) 367/498/578,
 # (b) 370/507/577. More tensor work under the dS math does not pay; why was not shown.
-# Candidate [not yet run on a GPU]: causal, a CTA walking key block n and then its mirror,
-# key_blocks - 1 - n, on half the grid (mirror_pairs; skipped on unmasked shapes).
+# Tied or lost (2026-11-30, three rounds, --control; -bwd-sweep-mirror-pairs.json,
+# -bwd-sweep-gqa8-mirror-pairs*.json; 60 GPU tests passed), a CTA per query head: causal,
+# key block n and then its mirror, key_blocks - 1 - n, on half the grid (mirror_pairs).
+# Medians, selector/again -> mirrored: MHA d128 4k 512/508 -> 504, 16k 582/588 -> 576; d64
+# 457/454 -> 449, 517/522 -> 506; GQA-8 (kv_accumulate) 1k / 4k / 16k d128 307/319 -> 312,
+# 487/459 -> 484, 572/570 -> 567; d64 276/283 -> 284, 435/437 -> 438, 514/514 -> 499;
+# d256 265/270 -> 262, 388/373 -> 380, 451/454 -> 442. A CTA per query head already spreads
+# a key block's long and short walks over many heads; taken under kv_group_in_cta (below).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False), dict(mirror_pairs=True)]
-    for hdim in (64, 128, 256)
+    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
 # With --group G > 1 (GQA/MQA) these join them: the two ways to write a group's dK and dV.
 # Taken (2026-11-30, --group 8, three rounds, --control; -bwd-sweep-gqa8-kv-group-in-cta.json,
@@ -350,13 +355,19 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # whose Q, dO and dQ accumulator fit 32 MiB of L2: the default grid within noise (MHA d128
 # 4k 524/521 -> 529, 16k 598/599 -> 592; d64 466/465 -> 462, 532/531 -> 526), in CTA d128
 # 1k 317/321 -> 305, 4k 483/489 -> 380, d256 1k 269 -> 224. Not kept; pairing key block n
-# with its mirror in one CTA (equal walks) is the untried way to balance causal in CTA:
-# candidate [not yet run on a GPU], kv_group_in_cta with mirror_pairs. (With kv_accumulate,
-# which --group sweeps through the line above, ptxas spills 24 and 28 bytes at head dims
-# 64 and 128.)
+# with its mirror in one CTA (equal walks) balances causal in CTA instead:
+# Taken (2026-11-30, --group 8, three rounds, --control; -bwd-sweep-gqa8-mirror-pairs*.json;
+# 60 GPU tests passed), causal up to 4k keys at head dim 64 and 1k at 128
+# (flash4/backward.py, MIRRORED_KV_GROUP_MAX_SEQLEN_K): kv_group_in_cta with mirror_pairs.
+# Medians, selector/again -> in CTA unpaired -> paired (fa4), 1k / 2k / 4k / 16k: d64
+# 276/283 -> 324 -> 340 (264), 365/372 -> 374 -> 401 (351), 435/437 -> 411 -> 449 (418),
+# 514/514 -> 491 -> 489 (511); d128 307/319 -> 288 -> 333 (292), 403/410 -> 332 -> 391
+# (392), 487/459 -> 371 -> 435 (482), 572/570 -> 499 -> 510 (581); d256 1k 265/270 -> 212
+# -> 249, 4k 388/373 -> 307 -> 345, 16k 451/454 -> 424 -> 422. (With kv_accumulate,
+# mirror_pairs spills 24 and 28 bytes at head dims 64 and 128.)
 GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
-    dict(kv_accumulate=True, kv_group_in_cta=False),
-    dict(kv_accumulate=False, kv_group_in_cta=True),
+    dict(kv_accumulate=True, kv_group_in_cta=False, mirror_pairs=False),
+    dict(kv_accumulate=False, kv_group_in_cta=True, mirror_pairs=False),
     dict(kv_accumulate=False, kv_group_in_cta=True, mirror_pairs=True),
 ]
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
@@ -409,9 +420,14 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # (kv_multicast, which the 16-bit rows take from 16k at 128 and 4k at 256). Fastest rounds,
 # the table's two copies against it: 857/852 -> 868, 1002/983 -> 984, 1053/1056 -> 1063,
 # within their spread. Head dim 256, at 98% of the FP8 matmul's rate, was not swept.
-# Candidate [not yet run on a GPU]: clusters of two query heads of one K/V head (cluster_heads,
-# which the 16-bit causal rows take under GQA from 2k-4k); sweep with --group 8.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(kv_multicast=True, cluster_heads=True)] for h in (64, 128, 256)}
+# Taken at head dim 128 (2026-11-30, --group 8, causal, three rounds, --control;
+# -fp8-sweep-head-clusters-gqa8.json; 24 GPU tests bit-identical to the rows): clusters of
+# two query heads of one K/V head (cluster_heads, as the 16-bit causal rows under GQA), from
+# 4k (flash4/dispatch.py, FP8_HEAD_CLUSTER_MIN_SEQLEN). Medians, the table's two copies ->
+# clusters (cuDNN FP8), 4k / 16k: d128 923/915 -> 957 (820), 1016/1006 -> 1042 (870); d256
+# 1125/1115 -> 1113 (974), 1260/1260 -> 1264 (928); d64 636/635 -> 622 (501), 761/763 ->
+# 745 (555). Unmasked and below 4k not swept.
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
@@ -560,7 +576,7 @@ def main() -> None:
         elif args.pass_ == "fp8":
             from flash4.dispatch import FP8_DTYPE
 
-            base = select("sm_90a", FP8_DTYPE, shape.head_dim, shape.causal, shape.seqlen)
+            base = select("sm_90a", FP8_DTYPE, shape.head_dim, shape.causal, shape.seqlen, group=args.group)
             for change in FP8_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 try:

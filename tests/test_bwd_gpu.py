@@ -151,8 +151,7 @@ def test_backward_kv_group_variants_match_reference(head_dim, causal, seqlen_q, 
     ((3, 3, None), (4, 2, "kv_accumulate"), (6, 2, "kv_group_in_cta"), (8, 1, "kv_group_in_cta")),
     ids=("mha", "gqa2-accumulate", "gqa3-in-cta", "mqa8-in-cta"),
 )
-def test_backward_mirror_pairs_candidate_matches_reference(head_dim, seqlen_q, seqlen_k, heads, kv_heads,
-                                                           kv_scheme):
+def test_backward_mirror_pairs_variants_match_reference(head_dim, seqlen_q, seqlen_k, heads, kv_heads, kv_scheme):
     # Causal, a CTA walking key block n and then its mirror (mirror_pairs): even and odd
     # key-block counts (1000 keys: 8 at tile_n 128; 777: 7, whose middle block walks
     # alone; 17: one), query blocks that see no key (4096 queries on 128 keys: all but the

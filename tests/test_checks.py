@@ -325,8 +325,26 @@ def test_select_pairs_heads_only_for_causal_even_groups(dtype, head_dim):
                 assert row.config == dataclasses.replace(
                     alone.config, kv_multicast=row.config.kv_multicast, cluster_heads=paired
                 )
-    fp8 = dispatch.select_fp8("sm_90a", head_dim, True, 16384, v_per_tensor=True)
-    assert not fp8.config.cluster_heads
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_select_fp8_pairs_heads_only_where_measured_with_v_per_tensor(head_dim):
+    # FP8 takes head clusters at head dim 128 only, and only for the kernel of V per tensor
+    # (the one measured with them).
+    start = dispatch.FP8_HEAD_CLUSTER_MIN_SEQLEN.get(head_dim)
+    for seqlen_q in (1, 17, 4095, 4096, 5000, 16384, 100_000):
+        for causal in (False, True):
+            for v_per_tensor in (True, False):
+                alone = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v_per_tensor)
+                assert not alone.config.cluster_heads
+                for group in (1, 2, 3, 8):
+                    row = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v_per_tensor, group=group)
+                    paired = v_per_tensor and causal and group % 2 == 0 and start is not None and seqlen_q >= start
+                    assert row.config.cluster_heads == paired, (seqlen_q, causal, v_per_tensor, group)
+                    assert row.min_seqlen_q == alone.min_seqlen_q
+                    assert row.config == dataclasses.replace(
+                        alone.config, kv_multicast=paired or alone.config.kv_multicast, cluster_heads=paired
+                    )
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from flash4.compiler import KEY_INSTRUCTIONS, compile_entry
-from flash4.dispatch import HEAD_CLUSTER_MIN_SEQLEN, TABLE, select
+from flash4.dispatch import FP8_HEAD_CLUSTER_MIN_SEQLEN, HEAD_CLUSTER_MIN_SEQLEN, TABLE, select, select_fp8
 from flash4.pipelines.named_barriers import NamedBarrier
 from flash4.pipelines.warp_roles import register_budget
 
@@ -44,13 +44,15 @@ def test_kernel_compiles_with_hopper_instructions(entry):
 # grouped-query attention with an even group.
 HEAD_CLUSTER_ROWS = sorted(
     {select("sm_90a", r.dtype, r.head_dim, True, max(r.min_seqlen_q, HEAD_CLUSTER_MIN_SEQLEN[r.head_dim]), group=2)
-     for r in SM90_ROWS if r.causal and r.dtype == "bfloat16"},
-    key=lambda r: (r.head_dim, r.min_seqlen_q),
+     for r in SM90_ROWS if r.causal and r.dtype == "bfloat16"}
+    | {select_fp8("sm_90a", head_dim, True, start, v_per_tensor=True, group=2)
+       for head_dim, start in FP8_HEAD_CLUSTER_MIN_SEQLEN.items()},
+    key=lambda r: (r.dtype, r.head_dim, r.min_seqlen_q),
 )
 
 
 @pytest.mark.parametrize(
-    "entry", HEAD_CLUSTER_ROWS, ids=[f"d{r.head_dim}-s{r.min_seqlen_q}" for r in HEAD_CLUSTER_ROWS]
+    "entry", HEAD_CLUSTER_ROWS, ids=[f"{r.dtype}-d{r.head_dim}-s{r.min_seqlen_q}" for r in HEAD_CLUSTER_ROWS]
 )
 def test_head_cluster_kernels_compile_clean(entry):
     assert entry.config.cluster_heads
@@ -246,7 +248,6 @@ def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
     # kernel, select_fp8's other answer, divides by the running V descale in every block)
     # and V's descales are read once, not per block.
     from flash4.compiler import compile_entry
-    from flash4.dispatch import select_fp8
 
     table = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=True), arch="sm_90a")
     blockwise = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=False), arch="sm_90a")

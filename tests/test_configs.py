@@ -77,8 +77,8 @@ def test_backward_selector_zeroes_the_accumulator_from_long_rows_on_unless_deter
             assert backward_config(head_dim, causal, deterministic=True, seqlen_k=ZEROED_DQ_MIN_SEQLEN_K).dq_first_stores
 
 
-def test_backward_selector_walks_a_kv_group_in_one_cta_only_unmasked_on_a_full_grid():
-    from flash4.backward import SUPPORTED_HEAD_DIMS, backward_config, wave_fill
+def test_backward_selector_walks_a_kv_group_in_one_cta_on_a_full_grid_causal_only_short_and_mirrored():
+    from flash4.backward import MIRRORED_KV_GROUP_MAX_SEQLEN_K, SUPPORTED_HEAD_DIMS, backward_config, wave_fill
 
     h200_sms = 132
     assert wave_fill(256, h200_sms) == 256 / 264 and wave_fill(132, h200_sms) == 1.0
@@ -86,6 +86,7 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_only_unmasked_on_a_full_g
         def scheme(causal=False, deterministic=False, grouped=True, seqlen_k=4096, kv_units=8):
             c = backward_config(head_dim, causal, grouped, deterministic, seqlen_k=seqlen_k, kv_units=kv_units,
                                 sms=h200_sms)
+            assert c.mirror_pairs == (c.kv_group_in_cta and causal)
             return (c.kv_accumulate, c.kv_group_in_cta)
 
         # The protocol's GQA-8 shapes: 16k tokens, 2 kv heads (head dim 128), a full last wave.
@@ -94,7 +95,20 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_only_unmasked_on_a_full_g
             kv_units = 16384 // seqlen * 2048 // head_dim // 8
             assert wave_fill(-(-seqlen // tile_n) * kv_units, h200_sms) >= 0.95
             assert scheme(seqlen_k=seqlen, kv_units=kv_units) == (False, True)
-        assert scheme(causal=True) == (True, False)
+        # Causal, mirrored pairs of key blocks: half the grid, only up to the head dim's
+        # longest rows (none at 256).
+        longest = MIRRORED_KV_GROUP_MAX_SEQLEN_K.get(head_dim, 0)
+        if longest:
+            kv_units = 16384 // longest * 2048 // head_dim // 8
+            assert wave_fill(-(-longest // tile_n // 2) * kv_units, h200_sms) >= 0.95
+            assert scheme(causal=True, seqlen_k=longest, kv_units=kv_units) == (False, True)
+            assert scheme(causal=True, seqlen_k=longest + 1, kv_units=kv_units) == (True, False)
+            # The grid counts pairs: 4 of 1024 keys on 33 kv units fill 132 SMs, on 34 they
+            # leave most of a second wave idle.
+            assert scheme(causal=True, seqlen_k=1024, kv_units=33) == (False, True)
+            assert scheme(causal=True, seqlen_k=1024, kv_units=34) == (True, False)
+        assert scheme(causal=True, seqlen_k=16384) == (True, False)
+        assert scheme(causal=True, seqlen_k=1024, deterministic=True) == (True, False)
         assert scheme(deterministic=True) == (True, False)
         assert scheme(grouped=False) == (False, False)
         # MQA at batch 1: a CTA per key block of the one kv head leaves most SMs idle.

@@ -53,7 +53,9 @@ def _check(q8, k8, v8, causal, out, lse, config=None):
     head_dim, seqlen_q = qd.shape[-1], qd.shape[1]
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
     if config is None:
-        config = dispatch.select_fp8("sm_90a", head_dim, causal, seqlen_q, v8.block is None).config
+        config = dispatch.select_fp8(
+            "sm_90a", head_dim, causal, seqlen_q, v8.block is None, group=qd.shape[2] // kd.shape[2]
+        ).config
     model = reference.fp8_blockwise_attention(
         q8, k8, v8, causal=causal, block_m=blocks.q, block_n=blocks.kv,
         sum_rounded_p=lse is None and config.row_sum_on_tensor_cores,
@@ -126,6 +128,34 @@ def test_every_row_matches_its_model(row, return_lse):
     torch.cuda.synchronize()
     out, lse = result if return_lse else (result, None)
     _check(q8, k8, v8, row.causal, out, lse)
+
+
+# Where select_fp8 runs the causal row with clusters of two query heads of one K/V head
+# (even groups, V per tensor): the first length that takes them, plus a ragged tail.
+FP8_HEAD_CLUSTER_STARTS = sorted(dispatch.FP8_HEAD_CLUSTER_MIN_SEQLEN.items())
+
+
+@pytest.mark.parametrize("head_dim,start", FP8_HEAD_CLUSTER_STARTS, ids=[f"d{d}-s{s}" for d, s in FP8_HEAD_CLUSTER_STARTS])
+@pytest.mark.parametrize("extra_keys", (0, 1000), ids=("square", "more-keys"))
+@pytest.mark.parametrize("heads,kv_heads", ((4, 2), (8, 1)), ids=("gqa2", "mqa8"))
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_head_cluster_rows_match_their_model(head_dim, start, extra_keys, heads, kv_heads, return_lse):
+    seqlen_q = start + RAGGED_PAST_ROW_START
+    seqlen_k = seqlen_q + extra_keys
+    row = dispatch.select_fp8("sm_90a", head_dim, True, seqlen_q, v_per_tensor=True, group=heads // kv_heads)
+    assert row.config.cluster_heads
+    g = torch.Generator(device="cuda").manual_seed(seqlen_k * 11 + head_dim + kv_heads)
+    q, k, v = (
+        torch.randn(1, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
+    )
+    blocks = fp8_blocks(head_dim, True, seqlen_q)
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
+    poison_allocator()
+    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=return_lse)
+    torch.cuda.synchronize()
+    out, lse = result if return_lse else (result, None)
+    _check(q8, k8, v8, True, out, lse)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -267,7 +297,7 @@ def _variant_inputs(head_dim: int, causal: bool, seqlen: int):
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
 @pytest.mark.parametrize("seqlen", (1100, 4113))
-def test_head_clusters_candidate_changes_no_bit(head_dim, causal, with_lse, seqlen):
+def test_head_clusters_change_no_bit(head_dim, causal, with_lse, seqlen):
     # Clusters of two query heads of one K/V head (cluster_heads; 8 query heads on 2 K/V
     # heads here) load the same K and V bytes and descales as the CTAs alone: the table's
     # bits, causal or not, on one-tile and persistent rows.
