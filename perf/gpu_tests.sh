@@ -24,7 +24,7 @@ segments=(
   "bwdvariants|300|tests/test_bwd_gpu.py -k variants"
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
-  "fp8|300|tests/test_fp8_gpu.py"
+  "fp8|420|tests/test_fp8_gpu.py"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
   "fwdcandidates|200|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate"
   "bwdcandidates|300|tests/test_bwd_gpu.py -k candidate"
