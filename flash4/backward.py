@@ -50,7 +50,9 @@ KV_GROUP_IN_CTA_MIN_WAVE_FILL = 0.95
 # against the shared accumulators (1k / 2k / 4k / 16k): head dim 64 276 -> 340, 365 -> 401,
 # 435 -> 449, 514 -> 489; 128 307 -> 333, 403 -> 391, 487 -> 435, 572 -> 510; 256 lost at
 # every length (265 -> 249 at 1k). Longer rows lose what the shorter walks gained; why the
-# crossing sits 2x further out at head dim 64 (same FLOPs per block) was not shown.
+# crossing sits 2x further out at head dim 64 (same FLOPs per block) was not shown. With 4
+# query heads per kv head the pairs won at 1k, and at 4k at head dim 64 (440 -> 472) and
+# at 128 as well (474 -> 502), where 8 lost; the bound follows the groups of 8.
 MIRRORED_KV_GROUP_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 1024}
 
 

@@ -364,7 +364,12 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # 514/514 -> 491 -> 489 (511); d128 307/319 -> 288 -> 333 (292), 403/410 -> 332 -> 391
 # (392), 487/459 -> 371 -> 435 (482), 572/570 -> 499 -> 510 (581); d256 1k 265/270 -> 212
 # -> 249, 4k 388/373 -> 307 -> 345, 16k 451/454 -> 424 -> 422. (With kv_accumulate,
-# mirror_pairs spills 24 and 28 bytes at head dims 64 and 128.)
+# mirror_pairs spills 24 and 28 bytes at head dims 64 and 128.) With 4 query heads per kv
+# head (two rounds, --control; -bwd-sweep-gqa4-kv-schemes.json), selector/again ->
+# accumulated, in CTA unpaired (fa4), 1k / 4k: unmasked d128 522/514 -> 410 (422), 541/573
+# -> 535 (546); d64 450/454 -> 377 (392), 466/510 -> 487 (483); causal d128 342/372 -> 303,
+# 353 (307); d64 332/357 -> 275, 348 (280), 472/470 -> 440, 453 (391). The one miss: d128
+# causal 4k, 474/478 accumulated against 502 paired (420 fa4), which group 8 lost.
 GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
     dict(kv_accumulate=True, kv_group_in_cta=False, mirror_pairs=False),
     dict(kv_accumulate=False, kv_group_in_cta=True, mirror_pairs=False),

@@ -82,7 +82,9 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # It must build for sm_90a with the instructions its design depends on, every wgmma
     # pipelined. "gqa": fp32 dK and dV shared by a group; "in-cta": a CTA walking a kv
     # head's query heads, whose instructions are the multi-head kernel's (its loops run
-    # once per query head).
+    # once per query head); causal at head dims 64 and 128 the selector pairs each key
+    # block with its mirror there (mirror_pairs), and the walk of each is its own copy of
+    # the producer's and the consumers' code: every count below but the launch's doubles.
     import dataclasses
 
     from flash4.backward import backward_config
@@ -92,8 +94,11 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     if grouped:
         # Each scheme whatever the selector picks for this mask.
         in_cta = grouped == "in-cta"
-        config = dataclasses.replace(config, kv_accumulate=not in_cta, kv_group_in_cta=in_cta)
+        config = dataclasses.replace(
+            config, kv_accumulate=not in_cta, kv_group_in_cta=in_cta, mirror_pairs=in_cta and config.mirror_pairs
+        )
     grouped = config.kv_accumulate
+    walks = 2 if config.mirror_pairs else 1
     report = compile_backward_report(config)
     assert report.serialized_wgmma == 0, f"ptxas serialised wgmmas in {config}"
     assert report.spill_bytes == 0, f"{config} spills {report.spill_bytes} bytes"
@@ -103,10 +108,10 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # of them when the warpgroups split the columns, its own 64 when they split the rows).
     dq_row_blocks = 1 if config.dq_rows else config.tile_m // 64
     per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + dq_row_blocks * config.tile_n // 16
-    assert ptx.count("wgmma.mma_async") == 2 * per_block
+    assert ptx.count("wgmma.mma_async") == 2 * per_block * walks
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
-    assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2 * walks
     # dQ leaves by linear bulk reduction, each warpgroup's part (half of the columns, or
     # its rows) as one, issued by the store warp for both parts; its 8-byte stores into
     # shared memory stay 8 bytes wide. A part is handed over through two
@@ -115,22 +120,23 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # other way round (ids as constants, both parts). The warpgroups meet once per block,
     # at the 256-thread barrier before the dQ GEMM reads dSᵀ.
     parts = config.consumer_warpgroups
-    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == parts
+    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == parts * walks
     assert "cp.reduce.async.bulk.tensor" not in ptx
     # dq_first_stores: beside each reduction, the store of a part's first contribution.
     first_stores = parts if config.dq_first_stores else 0
-    assert ptx.count("cp.async.bulk.global.shared::cta.bulk_group") == first_stores
+    assert ptx.count("cp.async.bulk.global.shared::cta.bulk_group") == first_stores * walks
     # Two values per store, a warpgroup's part over 128 threads, in the masked and the
     # mask-free loop.
     part = config.dq_tile_geometry
-    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 2 * part.part_rows * part.part_cols // (2 * 128)
+    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 2 * part.part_rows * part.part_cols // (2 * 128) * walks
     full, empty = ([str(int(first) + i) for i in range(parts)] for first in (NamedBarrier.DQ_FULL_0, NamedBarrier.DQ_EMPTY_0))
     handoff = [(op, b) for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)]
-    assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == full
-    assert sorted(b for op, b in handoff if op == "arrive" and not b.startswith("%")) == sorted(empty * 2)
-    assert sum(b.startswith("%") for _, b in handoff) == 4  # masked and mask-free loops: one sync, one arrive
+    assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == full * walks
+    assert sorted(b for op, b in handoff if op == "arrive" and not b.startswith("%")) == sorted(empty * 2 * walks)
+    # Masked and mask-free loops: one sync, one arrive.
+    assert sum(b.startswith("%") for _, b in handoff) == 4 * walks
     epilogue = [] if grouped else [NamedBarrier.EPILOGUE] * 2
-    assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue]
+    assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue] * walks
     # Grouped: dK and dV are added in fp32 by every thread, two adjacent values per 8-byte
     # reduction; otherwise they leave by TMA store.
     reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
@@ -141,8 +147,8 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # release of the block's ticket counter). Once, after the last, the store warp waits for them to land and
     # counts this key block for its head's postprocess (release), which this grid lets
     # launch early (overlap_postprocess).
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == 1 + (1 if first_stores else 0)
-    assert ptx.count("red.release.gpu.global.add.s32") == 1 + (1 if first_stores else 0)
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", ptx)) == (1 + (1 if first_stores else 0)) * walks
+    assert ptx.count("red.release.gpu.global.add.s32") == (1 + (1 if first_stores else 0)) * walks
     assert ptx.count("griddepcontrol.launch_dependents") == 1 and "griddepcontrol.wait" not in ptx
 
 
