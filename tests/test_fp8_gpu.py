@@ -117,17 +117,25 @@ def test_every_row_matches_its_model(row, return_lse):
     # it starts at plus a ragged tail, GQA 4:1; with an LSE and without.
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
     assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) is row
-    g = torch.Generator(device="cuda").manual_seed(seqlen * 7 + row.head_dim + row.causal)
+    _check_per_tensor_v(1, seqlen, seqlen, 8, 2, row.head_dim, row.causal, return_lse,
+                        seed=seqlen * 7 + row.head_dim + row.causal)
+
+
+def _check_per_tensor_v(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, return_lse, seed):
+    """Fresh inputs, Q and K in the selected row's blocks, V per tensor, through
+    flash_attn_fp8_quantized onto a poisoned allocator; checked against the model."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (
-        torch.randn(1, seqlen, h, row.head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2)
+        torch.randn(batch, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
     )
-    blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
     q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
     poison_allocator()
-    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=row.causal, return_lse=return_lse)
+    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
     torch.cuda.synchronize()
     out, lse = result if return_lse else (result, None)
-    _check(q8, k8, v8, row.causal, out, lse)
+    _check(q8, k8, v8, causal, out, lse)
 
 
 # Where select_fp8 runs the causal row with clusters of two query heads of one K/V head
@@ -144,18 +152,8 @@ def test_head_cluster_rows_match_their_model(head_dim, start, extra_keys, heads,
     seqlen_k = seqlen_q + extra_keys
     row = dispatch.select_fp8("sm_90a", head_dim, True, seqlen_q, v_per_tensor=True, group=heads // kv_heads)
     assert row.config.cluster_heads
-    g = torch.Generator(device="cuda").manual_seed(seqlen_k * 11 + head_dim + kv_heads)
-    q, k, v = (
-        torch.randn(1, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-        for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
-    )
-    blocks = fp8_blocks(head_dim, True, seqlen_q)
-    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
-    poison_allocator()
-    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=return_lse)
-    torch.cuda.synchronize()
-    out, lse = result if return_lse else (result, None)
-    _check(q8, k8, v8, True, out, lse)
+    _check_per_tensor_v(1, seqlen_q, seqlen_k, heads, kv_heads, head_dim, True, return_lse,
+                        seed=seqlen_k * 11 + head_dim + kv_heads)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -348,18 +346,8 @@ def test_per_tensor_v_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, kv
     # V with one descale takes the kernel whose P scale is a constant and whose V descale
     # multiplies O once at the end (the blockwise V of the test above takes the other);
     # without an LSE, the variant whose row sums run on the tensor cores.
-    blocks = fp8_blocks(head_dim, causal, seqlen_q)
-    g = torch.Generator(device="cuda").manual_seed(seqlen_q * 13 + seqlen_k + head_dim + kv_heads)
-    q, k, v = (
-        torch.randn(2, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-        for s, h in ((seqlen_q, 8), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
-    )
-    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
-    poison_allocator()
-    result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
-    torch.cuda.synchronize()
-    out, lse = result if return_lse else (result, None)
-    _check(q8, k8, v8, causal, out, lse)
+    _check_per_tensor_v(2, seqlen_q, seqlen_k, 8, kv_heads, head_dim, causal, return_lse,
+                        seed=seqlen_q * 13 + seqlen_k + head_dim + kv_heads)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128))
