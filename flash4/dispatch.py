@@ -389,6 +389,7 @@ def format_table(arch: str | None = None) -> str:
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
     def starts(by_head_dim: dict[int, int]) -> str:
         return ", ".join(f"{seqlen} at head dim {dim}" for dim, seqlen in by_head_dim.items())
 

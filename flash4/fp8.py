@@ -86,7 +86,7 @@ def flash_attn_fp8(
     # GPU without FP8 kernels is refused before anything is quantized.
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
-        group=problem.heads // problem.kv_heads,
+        group=problem.group_size,
     )
     blocks = Fp8Blocks(entry.config.tile_m, entry.config.tile_n)
     return flash_attn_fp8_quantized(
@@ -125,7 +125,7 @@ def flash_attn_fp8_quantized(
     device = q.values.device
     entry = select_fp8(
         device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None,
-        group=problem.heads // problem.kv_heads,
+        group=problem.group_size,
     )
     kernel = compiled_forward(entry, return_lse)
     batch, heads = problem.batch, problem.heads

@@ -319,7 +319,7 @@ class Sm90BackwardConfig:
     # grid's last wave while short ones have run out. Between the two, dK and dV of the
     # first are stored and K and V of the second loaded. The selector pairs them under
     # kv_group_in_cta, on short rows (flash4/backward.py, MIRRORED_KV_GROUP_MAX_SEQLEN_K);
-    # a CTA per query head gained nothing from them (H200, three rounds: within 2%).
+    # a CTA per query head gained nothing from them (H200, three rounds: -3% to +3%).
     mirror_pairs: bool = False
 
     @property
