@@ -107,6 +107,8 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_on_a_full_grid_causal_onl
             # leave most of a second wave idle.
             assert scheme(causal=True, seqlen_k=1024, kv_units=33) == (False, True)
             assert scheme(causal=True, seqlen_k=1024, kv_units=34) == (True, False)
+        else:
+            assert scheme(causal=True, seqlen_k=1024, kv_units=33) == (True, False)
         assert scheme(causal=True, seqlen_k=16384) == (True, False)
         assert scheme(causal=True, seqlen_k=1024, deterministic=True) == (True, False)
         assert scheme(deterministic=True) == (True, False)
