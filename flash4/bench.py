@@ -41,7 +41,9 @@ HEAD_DIMS = (64, 128, 256)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # --quick: a short, a middle and the longest sequence, enough to see the trend in a minute.
 QUICK_SEQLENS = (1024, 4096, 16384)
-DTYPE = torch.bfloat16
+# The 16-bit input types a run can time (--dtype); the FP8 pass quantizes bf16 inputs.
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_DTYPE = "bf16"
 
 # triton.testing.do_bench budgets in milliseconds (its defaults), and shorter ones for --quick.
 WARMUP_MS, REP_MS = 25, 100
@@ -163,8 +165,17 @@ class Options:
     rounds: int = 1
     # Query heads per kv head (GQA/MQA); 1: multi-head attention, the protocol's.
     group: int = 1
+    # The inputs' type (a key of DTYPES), the same for every shape and provider of a run.
+    dtype: str = DEFAULT_DTYPE
     out: Path | None = None
     command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: must be one of {tuple(DTYPES)}")
+        if self.dtype != DEFAULT_DTYPE and "fp8" in self.passes:
+            raise ValueError(f"dtype={self.dtype!r}: the fp8 pass quantizes {DEFAULT_DTYPE} inputs; "
+                             f"time it in a run of its own")
 
     def shapes(self) -> tuple[Shape, ...]:
         seqlens = self.seqlens or (QUICK_SEQLENS if self.quick else SEQLENS)
@@ -493,8 +504,10 @@ def measure_shape(
     providers: dict[str, Callable[..., Prepared]] | None = None,
     device: str = "cuda",
     rounds: int = 1,
+    dtype: torch.dtype = DTYPES[DEFAULT_DTYPE],
 ) -> ShapeRecord:
-    """Time every provider on one set of tensors; ``providers`` and ``device`` are for tests.
+    """Time every provider on one set of tensors of ``dtype``; ``providers`` and ``device``
+    are for tests.
 
     With several ``rounds`` the providers are timed in turn, round after round, and each
     keeps its median: the GPU's clock follows its power and temperature, which drift over
@@ -503,8 +516,8 @@ def measure_shape(
     """
     if providers is None:
         providers = PASS_PROVIDERS[shape.pass_]
-    q = torch.randn((shape.batch, shape.seqlen, shape.heads, shape.head_dim), dtype=DTYPE, device=device)
-    k, v = (torch.randn((shape.batch, shape.seqlen, shape.kv_heads, shape.head_dim), dtype=DTYPE, device=device)
+    q = torch.randn((shape.batch, shape.seqlen, shape.heads, shape.head_dim), dtype=dtype, device=device)
+    k, v = (torch.randn((shape.batch, shape.seqlen, shape.kv_heads, shape.head_dim), dtype=dtype, device=device)
             for _ in range(2))
     scale = 1.0 / math.sqrt(shape.head_dim)
     errors: dict[str, str] = {}
@@ -700,7 +713,7 @@ def benchmark(options: Options, found: str) -> int:
     machine = {"device": device_facts(), "before": gpu_state()}
     print(f"GPU: {found}; torch {env['torch']}, cutlass-dsl {env['cutlass_dsl']}, flash-attn-4 {env['flash_attn_4']}")
     print(f"timing: {timer.description}, {options.rounds} round(s) per provider, interleaved, "
-          f"median kept; TFLOP/s ({'+'.join(options.passes)}; backward FLOPs = 2.5x forward), {DTYPE}")
+          f"median kept; TFLOP/s ({'+'.join(options.passes)}; backward FLOPs = 2.5x forward), {DTYPES[options.dtype]}")
     ceilings = measure_ceilings(timer)
     print("ceilings: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in ceilings.items()))
     print(table_header())
@@ -708,14 +721,14 @@ def benchmark(options: Options, found: str) -> int:
 
     def payload(so_far: list[ShapeRecord], **more: Any) -> dict[str, Any]:
         return {**env, "mode": "benchmark", "command": options.command, "timer": timer.description,
-                "rounds": options.rounds, **more, "machine": machine, "ceilings": ceilings,
+                "rounds": options.rounds, "dtype": options.dtype, **more, "machine": machine, "ceilings": ceilings,
                 "records": [dataclasses.asdict(r) for r in so_far]}
 
     shapes = options.shapes()
     for index, shape in enumerate(shapes, 1):
         table = PASS_PROVIDERS[shape.pass_]
         providers = {name: prepare for name, prepare in table.items() if not is_peer(name) or name in options.peers}
-        record = measure_shape(shape, timer, providers=providers, rounds=options.rounds)
+        record = measure_shape(shape, timer, providers=providers, rounds=options.rounds, dtype=DTYPES[options.dtype])
         records.append(record)
         print(f"{table_row(record)}  [{index}/{len(shapes)}]", flush=True)
         if options.out is not None:

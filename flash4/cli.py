@@ -44,19 +44,20 @@ def bench(args: argparse.Namespace, command: str) -> int:
         return compare(*args.compare)
     from flash4 import bench as bench_module  # imports torch; keep `info --arch` light
 
-    options = bench_module.Options(
-        head_dims=tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS,
-        seqlens=tuple(args.seqlen) if args.seqlen else None,
-        causal_modes=_CAUSAL_MODES[args.causal],
-        quick=args.quick,
-        passes=tuple(args.passes),
-        peers=tuple(args.peers),
-        rounds=args.rounds,
-        group=args.group,
-        out=args.out,
-        command=command,
-    )
     try:
+        options = bench_module.Options(
+            head_dims=tuple(args.hdim) if args.hdim else bench_module.HEAD_DIMS,
+            seqlens=tuple(args.seqlen) if args.seqlen else None,
+            causal_modes=_CAUSAL_MODES[args.causal],
+            quick=args.quick,
+            passes=tuple(args.passes),
+            peers=tuple(args.peers),
+            rounds=args.rounds,
+            group=args.group,
+            dtype=args.dtype,
+            out=args.out,
+            command=command,
+        )
         options.shapes()  # a --group that does not divide some head dim's heads
     except ValueError as exc:
         print(f"cannot bench: {exc}")
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--rounds", type=_positive_int, default=1,
                               help="time every provider this many times, taking turns, and keep each "
                                    "one's median (evens out clock drift between providers; default 1)")
+    bench_parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                              help="the inputs' type in the fwd and bwd passes (default bf16; the fp8 pass "
+                                   "quantizes bf16, so it runs alone)")
     bench_parser.add_argument("--out", type=Path,
                               help="FILE.json: the results there and a markdown report beside it (.md); "
                                    "otherwise a folder for report.json and report.md")

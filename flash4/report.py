@@ -79,7 +79,8 @@ def report_markdown(payload: dict[str, Any]) -> str:
         f"{payload.get('date')}; torch {payload.get('torch')}, cutlass-dsl {payload.get('cutlass_dsl')}, "
         f"flash-attn-4 {payload.get('flash_attn_4')}, cuDNN {payload.get('cudnn')}.",
         f"Command: `{payload.get('command')}`. Timing: {payload.get('timer')}, "
-        f"{payload.get('rounds', 1)} round(s) per provider. TFLOP/s; the backward counts 2.5x the forward's FLOPs."
+        f"{payload.get('rounds', 1)} round(s) per provider; {payload.get('dtype', 'bf16')} inputs. TFLOP/s; "
+        "the backward counts 2.5x the forward's FLOPs."
         + (f" Wall time of the run: {payload['wall_s']:.0f} s." if payload.get("wall_s") is not None else ""),
     ]
     groups = sorted({r["shape"].get("group", 1) for r in records})

@@ -420,3 +420,33 @@ def test_cli_accepts_the_fp8_pass_and_its_peer(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(bench, "run", lambda options: seen.append(options) or 0)
     assert cli.main(["bench", "--pass", "fp8", "--hdim", "128", "--seqlen", "1024"]) == 0
     assert [s.pass_ for s in seen[0].shapes()] == ["fp8", "fp8"] and "cudnn-fp8" in seen[0].peers
+
+
+def test_cli_dtype_option_times_the_inputs_in_that_type(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dtype fp16 reaches every provider's inputs; the fp8 pass, which quantizes bf16
+    inputs, is refused with fp16 before anything runs, and an unknown type by argparse."""
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "run", lambda options: seen.append(options) or 0)
+    assert cli.main(["bench", "--pass", "fwd", "bwd", "--dtype", "fp16", "--hdim", "64", "--seqlen", "512"]) == 0
+    assert seen[0].dtype == "fp16" and bench.Options().dtype == "bf16"
+    for name in bench.DTYPES:
+        assert cli.build_parser().parse_args(["bench", "--dtype", name]).dtype == name
+    assert cli.main(["bench", "--pass", "fwd", "fp8", "--dtype", "fp16"]) == 2
+    assert "dtype='fp16'" in capsys.readouterr().out and len(seen) == 1
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--dtype", "fp32"])
+
+    dtypes: list[torch.dtype] = []
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
+        dtypes.extend(x.dtype for x in (q, k, v))
+        return _sdpa_math(q, k, v, causal, scale)
+
+    shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=True)
+    for name, dtype in bench.DTYPES.items():
+        dtypes.clear()
+        bench.measure_shape(shape, bench.Timer("fake", lambda fn: 1.0), providers={"flash4": recording},
+                            device="cpu", dtype=dtype)
+        assert dtypes == [dtype] * 3, name
