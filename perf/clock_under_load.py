@@ -114,6 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     causal = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    before = gpu_state()
     sampler = ClockSampler()
     records: list[dict[str, Any]] = []
 
@@ -121,7 +122,7 @@ def main() -> None:
         records.append(record)
         print({k: v for k, v in record.items() if k not in ("calls", "samples")}, flush=True)
         if args.out is not None:
-            bench.write_probe_json(args.out, records, sms=sms, seconds=args.seconds, before=gpu_state())
+            bench.write_probe_json(args.out, records, sms=sms, seconds=args.seconds, before=before)
 
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
