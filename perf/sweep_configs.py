@@ -37,6 +37,7 @@ import torch
 
 from flash4 import bench
 from flash4.compiler import compiled_forward
+from flash4.launch import run_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.devices import device_sms
 from flash4.interface import LOG2_E
@@ -163,7 +164,13 @@ from flash4.interface import LOG2_E
 # with clusters of two query blocks, which compile clean there (the unmasked row spills
 # 12 bytes with them). Medians 8k 478/479 -> 467, 16k 492/493 -> 501; fastest rounds
 # 518/479 -> 470, 500/494 -> 501 (flash-attn-4 485 / 502 median).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+# Candidate (2026-11-30; perf/wave_tail_probe.py --pass fwd, -fwd-wave-tail-probe.json: whole
+# rounds of tiles ran head dim 128 at 16k 667 -> 685 and flash-attn-4 669 -> 688, head dim
+# 64 529 -> 534, 256 (one tile per CTA) 739 -> 738): the persistent unmasked grid's last
+# round cut into pieces along the keys (split_tail).
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(split_tail=True)], 128: [dict(), dict(split_tail=True)], 256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -457,7 +464,7 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
-            kernel(q, k, v, out, lse, scale * LOG2_E, sms)
+            run_forward(kernel, entry.config, q, k, v, out, lse, scale * LOG2_E, sms)
             return out
 
         def check(result: torch.Tensor) -> torch.Tensor:
