@@ -89,34 +89,8 @@ def _forward_arguments(entry: KernelEntry, with_lse: bool) -> tuple:
     v = _fake_tensor(dtype, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
     o = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
     lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
-    counters = work = None
-    if entry.config.split_tail:
-        counters, work = _split_tail_fakes(entry.config)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), counters, work, stream
-
-
-# The split tail's records are read and written in 16-byte vectors.
-SPLIT_WORK_ALIGN_BYTES = 16
-
-
-def _split_tail_fakes(config: Any) -> tuple:
-    """The split tail's ticket counters (slots,) and workspace (slots, pieces, consumer
-    threads, record floats), compact, its two inner sizes fixed (flash4/launch.py)."""
-    import cutlass
-    import cutlass.cute as cute
-
-    from flash4.launch import split_record_shape
-
-    threads, record = split_record_shape(config)
-    slots, pieces = cute.sym_int(), cute.sym_int()
-    counters = cute.runtime.make_fake_tensor(cutlass.Int32, (slots,), stride=(1,), assumed_align=4)
-    work = cute.runtime.make_fake_tensor(
-        cutlass.Float32, (slots, pieces, threads, record),
-        stride=(cute.sym_int64(divisibility=threads * record), threads * record, record, 1),
-        assumed_align=SPLIT_WORK_ALIGN_BYTES,
-    )
-    return counters, work
+    return q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream
 
 
 def _kernel(entry: KernelEntry) -> Any:
@@ -143,11 +117,9 @@ def _compile(entry: KernelEntry, *options: str, with_lse: bool = True) -> Any:
 def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[..., Any]:
     """The compiled kernel for one selector row, for the GPU this process runs on.
 
-    Call it through ``flash4.launch.run_forward`` (``fn(q, k, v, out, lse,
-    softmax_scale_log2, max_ctas, split_counters, split_work)`` with torch tensors;
-    ``max_ctas``: the SM count, the most CTAs a persistent kernel launches; the split
-    buffers None unless the row splits its tail); built ``with_lse=False`` it takes
-    ``None`` for lse and skips writing it.
+    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2, max_ctas)`` with torch tensors
+    (``max_ctas``: the SM count, the most CTAs a persistent kernel launches); built
+    ``with_lse=False`` it takes ``None`` for lse and skips writing it.
     """
     return _compile(entry, with_lse=with_lse)
 

@@ -11,7 +11,6 @@ from flash4.autograd import AttentionFunction
 from flash4.backward import check_backward_supported
 from flash4.checks import AttentionProblem, check_attention_args
 from flash4.compiler import compiled_forward
-from flash4.launch import run_forward
 from flash4.devices import device_arch, device_sms, on_device
 from flash4.dispatch import select
 
@@ -22,7 +21,7 @@ LOG2_E = math.log2(math.e)
 # -> compiled kernel.
 # Everything in the key is static, so shapes and scales never recompile; plain values keep
 # the lookup cheap (hashing the nested dataclasses of a row is not).
-_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], tuple[Callable[..., Any], Any]] = {}
+_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], Callable[..., Any]] = {}
 
 
 def flash_attn_func(
@@ -146,7 +145,7 @@ def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> tuple[Callable[..., Any], Any]:
+def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:
     entry = select(
         device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q,
         problem.group_size,
@@ -157,14 +156,14 @@ def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> tup
     )
     kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[key] = (compiled_forward(entry, with_lse), entry.config)
+        kernel = _KERNELS[key] = compiled_forward(entry, with_lse)
     return kernel
 
 
 def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
     device = q.device
-    kernel, config = _kernel(device.index, problem, lse is not None)
+    kernel = _kernel(device.index, problem, lse is not None)
     scale_log2 = problem.softmax_scale * LOG2_E
     sms = device_sms(device.index)
     with on_device(device):
-        run_forward(kernel, config, q, k, v, out, lse, scale_log2, sms)
+        kernel(q, k, v, out, lse, scale_log2, sms)

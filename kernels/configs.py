@@ -126,12 +126,6 @@ class Sm90ForwardConfig:
     # one head: both walk the same key blocks, so causal tiles mask nothing extra. Only for
     # an even number of query heads per K/V head (flash4/dispatch.py selects it).
     cluster_heads: bool = False
-    # Persistent, unmasked: the units left over after the last whole round of the grid (the
-    # tail, which otherwise runs on a fraction of the SMs while the rest idle) are cut into
-    # pieces along the keys, shared out like units; each piece leaves its unnormalised O,
-    # row max and row sum in a workspace, and the last piece of a unit to finish merges the
-    # others' into its own and stores O (kernels/tail_split.py has the host's choice).
-    split_tail: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -204,12 +198,6 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
-            )
-        if self.split_tail and (self.causal or not self.persistent or self.fp8 or self.head_dim > 128):
-            raise ValueError(
-                "split_tail=True: only for persistent, unmasked 16-bit kernels up to head dim 128 (causal grids "
-                "pair their tiles by length, the FP8 softmax's state holds a V scale the merge does not carry, "
-                "and at head dim 256 a second O accumulator to merge spills)"
             )
         if self.cluster_heads and not self.kv_multicast:
             raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")

@@ -125,24 +125,6 @@ class OnlineSoftmax:
         return inv_sum
 
 
-@cute.jit
-def merge_state(
-    acc_o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32,
-    other_o: cute.Tensor, other_max: cute.Tensor, other_sum: cute.Tensor,
-) -> None:
-    """Fold into an OnlineSoftmax's state (O, row maxima, this thread's partial row sums)
-    the state another walk over other keys of the same rows left: both are brought to the
-    larger max. Unmasked walks only, whose maxima are finite."""
-    o, theirs_o = acc_rows_cols(acc_o), acc_rows_cols(other_o)
-    for r in cutlass.range_constexpr(cute.size(row_max)):
-        m_new = cute.arch.fmax(row_max[r], other_max[r])
-        mine = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
-        theirs = cute.math.exp2((other_max[r] - m_new) * scale_log2, fastmath=True)
-        row_sum[r] = row_sum[r] * mine + other_sum[r] * theirs
-        row_max[r] = m_new
-        o[r, None].store(o[r, None].load() * mine + theirs_o[r, None].load() * theirs)
-
-
 # e4m3's largest finite value: FP8 probabilities are scaled onto [0, E4M3_MAX].
 E4M3_MAX = 448.0
 
@@ -253,20 +235,6 @@ class BlockScaledSoftmax(OnlineSoftmax):
             if cutlass.const_expr(row_scale is not None):
                 total = total * row_scale[r]
             self.row_sum[r] = total
-
-    @cute.jit
-    def merge(self, acc_o: cute.Tensor, other_o: cute.Tensor, other_max: cute.Tensor, other_sum: cute.Tensor) -> None:
-        """Fold in the state another walk over other keys of the same rows left (its O, row
-        maxima and this thread's partial row sums): both are brought to the larger max.
-        Unmasked walks only, whose maxima are finite."""
-        o, theirs_o = acc_rows_cols(acc_o), acc_rows_cols(other_o)
-        for r in cutlass.range_constexpr(self.rows):
-            m_new = cute.arch.fmax(self.row_max[r], other_max[r])
-            mine = cute.math.exp2((self.row_max[r] - m_new) * self.scale_log2, fastmath=True)
-            theirs = cute.math.exp2((other_max[r] - m_new) * self.scale_log2, fastmath=True)
-            self.row_sum[r] = self.row_sum[r] * mine + other_sum[r] * theirs
-            self.row_max[r] = m_new
-            o[r, None].store(o[r, None].load() * mine + theirs_o[r, None].load() * theirs)
 
     @cute.jit
     def finalize(self, lse: cute.Tensor) -> cute.Tensor:

@@ -51,7 +51,6 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from . import tail_split
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
 from ..pipelines.tile_scheduler import TileScheduler
 from ..pipelines.tma_pipeline import (
@@ -108,23 +107,6 @@ class Tile:
     seqlen_q: Int32
     seqlen_k: Int32
     n_block_max: Int32
-    # The key blocks walked are [n_block_min, n_block_max): all of them, or one piece of a
-    # split tail unit (``piece`` of it; ``slot``: the unit's index in the tail, -1 if whole).
-    n_block_min: Int32
-    piece: Int32
-    slot: Int32
-
-
-@dataclass(frozen=True)
-class TailPieces:
-    """A split tail's buffers (kernels/tail_split.py): a ticket counter per tail unit and
-    CTA, the workspace of records (unit and CTA, piece, consumer thread, record), and the
-    shared-memory word through which the ticket reaches every consumer thread."""
-
-    counters: cute.Tensor
-    work: cute.Tensor
-    ticket: cute.Tensor
-    pieces: Int32
 
 
 @dataclass(frozen=True)
@@ -192,15 +174,9 @@ class Sm90ForwardKernel:
         mLSE: Optional[cute.Tensor],  # (batch, heads, seqlen_q), float32; None: not written
         softmax_scale_log2: Float32,
         max_ctas: Int32,  # persistent kernels launch at most this many CTAs (the SM count)
-        # split_tail: (units x CTAs,) int32 zeros and the (units x CTAs, pieces, consumer
-        # threads, record) float32 workspace (flash4/compiler.py run_forward); else None.
-        mSplitCounters: Optional[cute.Tensor],
-        mSplitWork: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
-        self.launch(
-            mQ, mK, mV, mO, mLSE, None, None, None, softmax_scale_log2, max_ctas, stream, mSplitCounters, mSplitWork
-        )
+        self.launch(mQ, mK, mV, mO, mLSE, None, None, None, softmax_scale_log2, max_ctas, stream)
 
     @cute.jit
     def launch(
@@ -218,8 +194,6 @@ class Sm90ForwardKernel:
         softmax_scale_log2: Float32,
         max_ctas: Int32,
         stream: cuda.CUstream,
-        mSplitCounters: Optional[cute.Tensor] = None,
-        mSplitWork: Optional[cute.Tensor] = None,
     ):
         # Decided per compiled variant: the tensor cores' row sum is of the rounded P, which
         # normalises O but is not the true LSE (Sm90ForwardConfig.row_sum_on_tensor_cores).
@@ -266,7 +240,7 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        grid = self.scheduler(mQ, mSplitCounters, mSplitWork).grid(max_ctas)
+        grid = self.scheduler(mQ).grid(max_ctas)
         cluster = {}
         if cutlass.const_expr(ctas > 1):
             cluster = dict(cluster=[ctas, 1, 1])
@@ -274,7 +248,7 @@ class Sm90ForwardKernel:
                 # A one-tile grid is (query blocks, heads, batch): the pair lies along heads.
                 cluster = dict(cluster=[1, ctas, 1])
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale, mSplitCounters, mSplitWork,
+            tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             softmax_scale_log2,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -319,29 +293,16 @@ class Sm90ForwardKernel:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         if self.sums_on_tensor_cores:
             fields["sOnes"] = buffer(cute.cosize(ones_tile_layout(self.dtype, self.tile_n)))
-        if self.config.split_tail:
-            fields["split_ticket"] = cute.struct.MemRange[Int32, 1]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-    def scheduler(
-        self, mQ: cute.Tensor, mSplitCounters: Optional[cute.Tensor], mSplitWork: Optional[cute.Tensor]
-    ) -> TileScheduler:
-        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch); with split_tail, the
-        tail's units and pieces read off the split buffers' shapes (one piece: no split, and
-        the buffers are placeholders)."""
+    def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
+        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
         ctas = self.config.cluster_ctas
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         if cutlass.const_expr(ctas > 1 and not self.config.cluster_heads):
             # Whole clusters: a query block past seqlen_q loads zeros for Q, and the O store
             # and the LSE skip its rows.
             m_blocks = cute.ceil_div(m_blocks, ctas) * ctas
-        split = {}
-        if cutlass.const_expr(self.config.split_tail):
-            pieces = Int32(cute.size(mSplitWork.shape[1]))
-            split = dict(
-                split_tail=True, pieces=pieces,
-                tail_units=cutlass.min(pieces - 1, 1) * (cute.size(mSplitCounters.shape[0]) // ctas),
-            )
         return TileScheduler(
             m_blocks,
             cute.size(mQ.shape[2]),
@@ -351,7 +312,6 @@ class Sm90ForwardKernel:
             longest_first=self.causal,
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
-            **split,
         )
 
     # ---------------------------------------------------------------- device side
@@ -366,8 +326,6 @@ class Sm90ForwardKernel:
         mQDescale: Optional[cute.Tensor],
         mKDescale: Optional[cute.Tensor],
         mVDescale: Optional[cute.Tensor],
-        mSplitCounters: Optional[cute.Tensor],
-        mSplitWork: Optional[cute.Tensor],
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -413,11 +371,7 @@ class Sm90ForwardKernel:
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         finish_init(cluster=ctas > 1)
 
-        scheduler = self.scheduler(mQ, mSplitCounters, mSplitWork)
-        split = None
-        if cutlass.const_expr(self.config.split_tail):
-            split = TailPieces(mSplitCounters, mSplitWork, storage.split_ticket.get_tensor(cute.make_layout(1)),
-                               scheduler.pieces)
+        scheduler = self.scheduler(mQ)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
@@ -428,7 +382,7 @@ class Sm90ForwardKernel:
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
                 tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, (mQDescale, mKDescale, mVDescale),
-                tma_atom_O, scheduler, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx, split,
+                tma_atom_O, scheduler, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
         if cutlass.const_expr(ctas > 1):
             finish_cluster()
@@ -436,17 +390,9 @@ class Sm90ForwardKernel:
     @cute.jit
     def make_tile(self, scheduler: TileScheduler, position: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Tile:
         m_block, head, batch = scheduler.tile(position)
-        n_block_max = self.key_block_end(m_block, seqlen_q, seqlen_k)
-        n_block_min, piece, slot = Int32(0), Int32(0), Int32(-1)
-        if cutlass.const_expr(self.config.split_tail):
-            piece, slot = scheduler.piece(position)
-            if slot >= 0:
-                # The host cuts only units of at least MIN_KEY_BLOCKS_PER_PIECE blocks a piece.
-                n_block_min = piece * n_block_max // scheduler.pieces
-                n_block_max = (piece + 1) * n_block_max // scheduler.pieces
         return Tile(
             m_block=m_block, head=head, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-            n_block_max=n_block_max, n_block_min=n_block_min, piece=piece, slot=slot,
+            n_block_max=self.key_block_end(m_block, seqlen_q, seqlen_k),
         )
 
     @cute.jit
@@ -482,7 +428,6 @@ class Sm90ForwardKernel:
         seqlen_k: Int32,
         softmax_scale_log2: Float32,
         tidx: Int32,
-        split: Optional[TailPieces],
     ):
         """A consumer thread: every tile's GEMMs, softmax and epilogue."""
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -505,16 +450,10 @@ class Sm90ForwardKernel:
                 lse.fill(-Float32.inf)
                 if tile.n_block_max > 0:
                     softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
-                    q_state, kv_state = self.mainloop(
-                        ops, rings, tile, lse, softmax, pingpong, q_state, kv_state, split, tidx
-                    )
+                    q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
                 elif cutlass.const_expr(self.q_freed_by_store):
                     rings.q.consumer_wait(q_state)
-                if cutlass.const_expr(split is None):
-                    self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
-                elif (tile.slot < 0) | (split.ticket[0] == split.pieces - 1):
-                    # A piece that did not draw its unit's last ticket left its part behind.
-                    self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+                self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
                 if cutlass.const_expr(self.q_freed_by_store):
                     if tidx == 0:
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -616,7 +555,7 @@ class Sm90ForwardKernel:
             q_state = self.load_q(loads, rings, tile, q_state)
         # Steady state: K of the next block runs one block ahead of V, in the order the
         # consumers use them (S_j is issued before P V_{j+1}).
-        for i in cutlass.range(tile.n_block_max - tile.n_block_min - 1, unroll=1):
+        for i in cutlass.range(tile.n_block_max - 1, unroll=1):
             v_state = state.clone()
             state.advance()
             k_ring.producer_acquire(state)
@@ -716,12 +655,9 @@ class Sm90ForwardKernel:
         pingpong: WarpgroupPingPong,
         q_state,
         state,
-        split: Optional[TailPieces] = None,
-        tidx: Int32 = 0,
     ):
-        """All key blocks of the tile (of its piece, for a split tail unit, whose last piece
-        to finish merges the others into its state); leaves O normalised in ``ops.acc_o``
-        and LSE in ``lse``. Returns the Q and K/V rings' states for the next tile."""
+        """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
+        Returns the Q and K/V rings' states for the next tile."""
         rings.q.consumer_wait(q_state)
         if cutlass.const_expr(self.config.q_in_registers):
             ops.q_registers.load()
@@ -747,7 +683,7 @@ class Sm90ForwardKernel:
         for i in cutlass.range(masked_count, unroll=1):
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, True)
-        for i in cutlass.range(n_block - tile.n_block_min, unroll=1):
+        for i in cutlass.range(n_block, unroll=1):
             n_block -= 1
             state = self.step(ops, rings, state, softmax, pingpong, tile, n_block, False)
 
@@ -763,32 +699,8 @@ class Sm90ForwardKernel:
         state.advance()
         if cutlass.const_expr(self.sums_on_tensor_cores):
             softmax.add_tensor_core_sums(ops.row_sums.acc, None)
-        if cutlass.const_expr(split is not None):
-            if tile.slot >= 0:
-                self.merge_pieces(ops, softmax, tile, split, tidx)
         softmax.rescale(ops.acc_o, softmax.finalize(lse))
         return q_state, state
-
-    @cute.jit
-    def merge_pieces(self, ops: ConsumerOperands, softmax: OnlineSoftmax, tile: Tile, split: TailPieces, tidx: Int32):
-        """One piece of a split tail unit: leave this thread's record, take the unit's ticket
-        and, holding the last, merge every other piece's record into this state."""
-        unit = tile.slot
-        if cutlass.const_expr(self.config.cluster_ctas > 1):
-            # Each CTA of a cluster finishes its own query block of the unit.
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            unit = tile.slot * self.config.cluster_ctas + rank
-        # Plain tensors from here: the branch below cannot carry the softmax object.
-        acc_o, row_max, row_sum, scale_log2 = ops.acc_o, softmax.row_max, softmax.row_sum, softmax.scale_log2
-        records = split.work[unit, None, tidx, None]
-        tail_split.leave_record(records[tile.piece, None], acc_o, row_max, row_sum)
-        barrier = int(NamedBarrier.SPLIT_TICKET)
-        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.consumer_threads)
-        if tidx == 0:
-            split.ticket[0] = tail_split.take_ticket(split.counters.iterator + unit)
-        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.consumer_threads)
-        if split.ticket[0] == split.pieces - 1:
-            tail_split.merge_records(records, tile.piece, split.pieces, acc_o, row_max, row_sum, scale_log2)
 
     @cute.jit
     def step(

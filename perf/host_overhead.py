@@ -20,7 +20,6 @@ import flash4
 from flash4 import interface
 from flash4.checks import check_attention_args
 from flash4.interface import _KERNELS, LOG2_E
-from flash4.launch import run_forward
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 1, 128, 16, 64
 
@@ -39,7 +38,7 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
 def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> None:
     """Microseconds of each step of ``flash_attn_func``, timed alone."""
     problem = check_attention_args(q, k, v, None, False)
-    kernel, config = interface._kernel(q.device.index, problem, False)
+    kernel = interface._kernel(q.device.index, problem, False)
     out = torch.empty_like(q)
     sms = interface.device_sms(q.device.index)
     steps: dict[str, Callable[[], object]] = {
@@ -49,8 +48,8 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> 
         "torch.empty(q.shape, ...)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "torch.cuda.current_device()": torch.cuda.current_device,
         "interface._kernel lookup": lambda: interface._kernel(q.device.index, problem, False),
-        "kernel call (same out)": lambda: run_forward(kernel, config, q, k, v, out, None, 0.18, sms),
-        "kernel call (fresh out)": lambda: run_forward(kernel, config, q, k, v, torch.empty_like(q), None, 0.18, sms),
+        "kernel call (same out)": lambda: kernel(q, k, v, out, None, 0.18, sms),
+        "kernel call (fresh out)": lambda: kernel(q, k, v, torch.empty_like(q), None, 0.18, sms),
     }
     for name, fn in steps.items():
         print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)

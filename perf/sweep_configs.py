@@ -37,7 +37,6 @@ import torch
 
 from flash4 import bench
 from flash4.compiler import compiled_forward
-from flash4.launch import run_forward
 from flash4.dispatch import KernelEntry, select
 from flash4.devices import device_sms
 from flash4.interface import LOG2_E
@@ -164,13 +163,22 @@ from flash4.interface import LOG2_E
 # with clusters of two query blocks, which compile clean there (the unmasked row spills
 # 12 bytes with them). Medians 8k 478/479 -> 467, 16k 492/493 -> 501; fastest rounds
 # 518/479 -> 470, 500/494 -> 501 (flash-attn-4 485 / 502 median).
-# Candidate (2026-11-30; perf/wave_tail_probe.py --pass fwd, -fwd-wave-tail-probe.json: whole
-# rounds of tiles ran head dim 128 at 16k 667 -> 685 and flash-attn-4 669 -> 688, head dim
-# 64 529 -> 534, 256 (one tile per CTA) 739 -> 738): the persistent unmasked grid's last
-# round cut into pieces along the keys (split_tail).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(split_tail=True)], 128: [dict(), dict(split_tail=True)], 256: [dict()],
-}
+# Probe (2026-11-30, three rounds, perf/wave_tail_probe.py --pass fwd,
+# -fwd-wave-tail-probe.json): beside shapes whose tiles fill whole rounds of the grid, head
+# dim 128 unmasked at 16k ran 667 -> 685 (flash-attn-4 669 -> 688; 2048 tiles are 15.52
+# rounds on 132 SMs at every protocol length), 64 529 -> 534, 256 (one tile per CTA) even.
+# Lost (2026-11-30, three rounds, --control, -fwd-sweep-split-tail.json; 5 GPU tests of the
+# variant and 52 scheduler variants passed; code on branch proto/split-tail): the persistent
+# grid's last round cut into 2-4 pieces along the keys, each piece leaving its O, row max and
+# sums in a workspace and the last to draw its unit's ticket merging the others
+# (split_tail). Medians, table/again -> split: d128 2k / 4k / 16k 621/619 -> 574, 645/638 ->
+# 610, 672/660 -> 667; d64 496/494 -> 483, 508/500 -> 509, 539/536 -> 531. Timed alone
+# (triton do_bench, three rounds), the variant with nothing cut (one piece, placeholder
+# buffers) already ran d128 2k 422 -> 450 us, 4k 817 -> 870, 16k 3215 -> 3310, d64 2k 542
+# -> 566; cutting then saved 20 us at d128 16k and 6 us at d64 2k, and cost 18 us at d128
+# 2k and 4k (pieces of 5-10 blocks, each paying its pipeline fill and a merge). Same
+# registers (168) and no spills; what slows the uncut variant's loop was not found.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -464,7 +472,7 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
-            run_forward(kernel, entry.config, q, k, v, out, lse, scale * LOG2_E, sms)
+            kernel(q, k, v, out, lse, scale * LOG2_E, sms)
             return out
 
         def check(result: torch.Tensor) -> torch.Tensor:

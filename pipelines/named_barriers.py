@@ -31,9 +31,6 @@ class NamedBarrier(enum.IntEnum):
     # Forward with one O store per consumer warpgroup: warpgroup i's 128 threads meet on
     # EPILOGUE_WARPGROUP_0 + i around writing their slab of O (10, 11, 12).
     EPILOGUE_WARPGROUP_0 = 10
-    # Forward with a split tail: every consumer thread has left its record before the one
-    # thread takes the unit's ticket, and that ticket is in shared memory before any reads it.
-    SPLIT_TICKET = 13
 
 
 class WarpgroupPingPong:

@@ -25,10 +25,6 @@ cluster walk the same tiles in lock step. ``num_m_blocks`` must then be a multip
 of adjacent heads instead (heads of one K/V head under grouped-query attention): a unit is
 then one query block of ``cluster_ctas`` heads, and ``heads`` must be a multiple of
 ``cluster_ctas``. A one-tile grid then clusters along its head axis.
-
-With ``split_tail`` (persistent, unmasked), the last ``tail_units`` units are cut into
-``pieces`` runs of key blocks each (kernels/tail_split.py): positions past the whole
-units name pieces, those of one unit consecutive, so that its pieces run side by side.
 """
 
 from __future__ import annotations
@@ -49,14 +45,9 @@ class TileScheduler:
         longest_first: bool,
         cluster_ctas: int = 1,
         cluster_heads: bool = False,
-        split_tail: bool = False,
-        tail_units: Int32 = 0,
-        pieces: Int32 = 1,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
-        if split_tail and (causal_pairs or not persistent):
-            raise ValueError("a split tail is a persistent schedule of equal units")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
@@ -65,25 +56,16 @@ class TileScheduler:
         self.longest_first = longest_first
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
-        self.split_tail = split_tail
-        self.tail_units = tail_units
-        self.pieces = pieces
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
-    # carry it through the loop as run-time values (its sizes).
-    def _sizes(self) -> tuple:
-        sizes = (self.num_m_blocks, self.heads, self.batch)
-        return sizes + (self.tail_units, self.pieces) if self.split_tail else sizes
-
+    # carry it through the loop as run-time values (its three sizes).
     def __extract_mlir_values__(self) -> list:
-        return [Int32(x).ir_value() for x in self._sizes()]
+        return [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        sizes = [Int32(v) for v in values]
-        split = dict(tail_units=sizes[3], pieces=sizes[4]) if self.split_tail else {}
         return TileScheduler(
-            *sizes[:3], self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.split_tail, **split,
+            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
+            self.cluster_heads,
         )
 
     def units_per_head(self) -> Int32:
@@ -109,18 +91,10 @@ class TileScheduler:
             return self.units_per_head() * self.head_units() * self.batch
         return self.num_m_blocks * self.heads * self.batch
 
-    def whole_units(self) -> Int32:
-        """The units walked whole: all of them, or all but the split tail."""
-        if self.split_tail:
-            return self.work_units() - self.tail_units
-        return self.work_units()
-
     def end(self) -> Int32:
         """One past the last position."""
         if self.causal_pairs:
             return 2 * self.work_units()
-        if self.split_tail:
-            return self.whole_units() + self.tail_units * self.pieces
         return self.work_units()
 
     def grid(self, max_ctas: Int32) -> tuple:
@@ -187,10 +161,6 @@ class TileScheduler:
         if cutlass.const_expr(self.causal_pairs):
             per_head = self.pairs_per_head()
             index = position // 2
-        if cutlass.const_expr(self.split_tail):
-            whole = self.whole_units()
-            if position >= whole:
-                index = whole + (position - whole) // self.pieces
         m_block = index % per_head
         rest = index // per_head
         head = rest % heads
@@ -208,14 +178,3 @@ class TileScheduler:
             else:
                 m_block = m_block * self.cluster_ctas + rank
         return m_block, head, batch
-
-    @cute.jit
-    def piece(self, position: Int32) -> tuple[Int32, Int32]:
-        """(piece, tail slot) of ``position`` with ``split_tail``: which run of key blocks of
-        its unit it walks and which of the tail's units that is; (0, -1) for a whole unit."""
-        piece, slot = Int32(0), Int32(-1)
-        whole = self.whole_units()
-        if position >= whole:
-            piece = (position - whole) % self.pieces
-            slot = (position - whole) // self.pieces
-        return piece, slot

@@ -469,31 +469,3 @@ def test_fp8_rows_round_p_codes_without_lse(head_dim, causal, seqlen):
     assert "max.f16x2" in codes.ptx and "prmt.b32" in codes.ptx and "max.f16x2" not in exps.ptx
     # What exponentials remain are O's factors, one per row and block: far fewer than P's.
     assert 8 * codes.ptx.count("ex2.approx") < exps.ptx.count("ex2.approx")
-
-
-@pytest.mark.parametrize(
-    "head_dim,seqlen,kv_multicast", ((64, 4096, False), (128, 4096, False), (128, 4096, True)),
-    ids=("d64", "d128", "d128-clusters"),
-)
-def test_split_tail_compiles_clean_and_meets_through_one_ticket(head_dim, seqlen, kv_multicast):
-    # The persistent unmasked rows with their tail cut into pieces: no spills or serialised
-    # wgmma; each consumer thread writes its record and reads the others' in 16-byte
-    # vectors (one record per piece, up to MAX_PIECES), and one acq_rel atomic a unit
-    # draws the ticket between two GPU-scope fences.
-    import dataclasses
-
-    from flash4.kernels.tail_split import MAX_PIECES
-    from flash4.launch import split_record_shape
-
-    entry = select("sm_90a", "bfloat16", head_dim, False, seqlen)
-    config = dataclasses.replace(entry.config, split_tail=True, kv_multicast=kv_multicast)
-    report = compile_entry(dataclasses.replace(entry, config=config))
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0, config
-    vectors = split_record_shape(config)[1] // 4
-    assert report.ptx.count("st.global.v4") == vectors
-    assert report.ptx.count("ld.global.v4") == vectors * MAX_PIECES
-    assert report.ptx.count("atom.global.acq_rel.add") == 1
-    assert report.ptx.count("fence.acq_rel.gpu") == 2
-    # The row without the split: none of it.
-    plain = compile_entry(entry)
-    assert "atom.global" not in plain.ptx and "fence.acq_rel.gpu" not in plain.ptx
