@@ -164,11 +164,11 @@ def attention_backward(
     # GQA/MQA with kv_accumulate: the query heads of a group add into shared fp32 accumulators.
     dk_out, dv_out = (torch.zeros(t.shape, **f32) for t in (k, v)) if config.kv_accumulate else (dk, dv)
     # dQ's counters: the turns of its additions (deterministic), one per query block and
-    # part (each warpgroup writes its own, unless dq_turns); or (dq_first_stores alone) a ticket per query
+    # part (each warpgroup writes its own); or (dq_first_stores alone) a ticket per query
     # block that picks which key block stores first. With dq_first_stores the preprocess
     # zeroes them. Deterministic GQA: a turn counter per (key block, kv head) for dK and dV.
     counters = dict(dtype=torch.int32, device=q.device)
-    per_block = config.dq_tile_geometry.parts if config.deterministic else 1
+    per_block = config.consumer_warpgroups if config.deterministic else 1
     dq_counters = kv_turns = None
     if config.dq_first_stores:
         dq_counters = torch.empty(batch, heads, padded // config.tile_m * per_block, **counters)

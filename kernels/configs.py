@@ -234,8 +234,8 @@ def accumulator_tile_offset(row, col, rows: int):
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
-    ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup
-    (or one whole, ``dq_turns``), stored one after another (row-major over the grid of parts), each part in
+    ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
+    stored one after another (row-major over the grid of parts), each part in
     ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
     reads it."""
 
@@ -243,11 +243,6 @@ class DQTileGeometry:
     tile_m: int
     part_rows: int
     part_cols: int
-
-    @property
-    def parts(self) -> int:
-        """Parts per query block: one per warpgroup that writes one, or one in all."""
-        return self.tile_m * self.head_dim // (self.part_rows * self.part_cols)
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
@@ -326,13 +321,6 @@ class Sm90BackwardConfig:
     # kv_group_in_cta, on short rows (flash4/backward.py, MIRRORED_KV_GROUP_MAX_SEQLEN_K);
     # a CTA per query head gained nothing from them (H200, three rounds: -3% to +3%).
     mirror_pairs: bool = False
-    # Keys split (64-row query blocks): a query block's whole dQ (64 x head_dim) from one
-    # warpgroup, the two taking turns by step, instead of half its columns from each. The
-    # dQ GEMM then reads dS from shared memory once, not once per warpgroup (16 of the
-    # ~370 KB that a head-dim-128 step moves through shared memory, which ncu has at 80%
-    # of its throughput), in half the wgmmas; the warpgroup off turn goes on to the next
-    # step's Sᵀ and dPᵀ while the other stores dQ.
-    dq_turns: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -340,11 +328,8 @@ class Sm90BackwardConfig:
 
     @property
     def dq_tile_geometry(self) -> DQTileGeometry:
-        """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows;
-        (dq_turns) the whole tile."""
+        """Each warpgroup's part of dQ: its half of the columns, or (dq_rows) of the rows."""
         wgs = self.consumer_warpgroups
-        if self.dq_turns:
-            return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim)
         if self.dq_rows:
             return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
         return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
@@ -389,11 +374,6 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
-        if self.dq_turns and (self.head_dim_split or self.dq_rows or self.tile_m != ROWS_PER_CONSUMER_WARPGROUP):
-            raise ValueError(
-                f"dq_turns=True: one warpgroup's wgmma takes the whole dQ tile, so tile_m="
-                f"{ROWS_PER_CONSUMER_WARPGROUP} (got {self.tile_m}), and neither head_dim_split nor dq_rows"
-            )
         if self.kv_group_in_cta and (self.kv_accumulate or self.deterministic):
             raise ValueError(
                 "kv_group_in_cta=True: not with kv_accumulate (dK and dV have one writer) nor deterministic "

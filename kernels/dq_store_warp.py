@@ -70,7 +70,7 @@ class DQStoreWarp:
 
         dq_first_stores: the first contribution (rank 0, or the block's ``ticket`` 0, see
         ``run``) stores instead of adding, into an accumulator nobody zeroed."""
-        parts = self.config.dq_tile_geometry.parts
+        parts = self.config.consumer_warpgroups
         counter = m_block * parts + part
         lane = cute.arch.lane_idx()
         first = False
@@ -139,7 +139,7 @@ class DQStoreWarp:
         once the TMA engine has read every part, let the warpgroups write the next block's.
         The first block's parts are free from the start; after the last, nothing waits for
         them, so the last read is awaited only for shared memory to outlive it."""
-        parts = self.config.dq_tile_geometry.parts
+        parts = self.config.consumer_warpgroups
         tickets_taken = self.config.dq_first_stores and not self.config.deterministic
         lane = cute.arch.lane_idx()
         if cutlass.const_expr(self.config.dq_first_stores and self.causal):

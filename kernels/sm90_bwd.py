@@ -200,8 +200,6 @@ class Sm90BackwardKernel:
         dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
         if cutlass.const_expr(self.config.dq_rows):
             dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.head_dim)
-        if cutlass.const_expr(self.config.dq_turns):
-            dq_atoms, dq_tile = (1, 1, 1), (rows, self.head_dim)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
@@ -212,7 +210,7 @@ class Sm90BackwardKernel:
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
         # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
         dq = self.config.dq_tile_geometry
-        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, dq.parts)
+        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -596,10 +594,6 @@ class Sm90BackwardKernel:
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
         wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
-        # dq_turns: the dQ GEMM is one warpgroup's, whichever has the turn.
-        dq_tidx = tidx
-        if cutlass.const_expr(self.config.dq_turns):
-            wg_dq, dq_tidx = tiled_mma_dq.get_slice(0), tidx % THREADS_PER_WARPGROUP
         # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
         # queries contiguous): the same swizzled bytes in another index order.
         sQt = cute.composition(sQ, cute.make_ordered_layout((d, tile_m, self.config.q_stages), order=(1, 0, 2)))
@@ -637,7 +631,7 @@ class Sm90BackwardKernel:
             # Pairs of adjacent fp32 columns as one 8-byte store.
             store_dq=cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
-            ).get_slice(dq_tidx),
+            ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
         )
 
@@ -662,8 +656,8 @@ class Sm90BackwardKernel:
         ``ds_stage``: the dSᵀ buffer, taking turns by step (not by query block, which a
         rotated walk wraps)."""
         self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked)
+        acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
-            acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
             # next block's tiles load under the rest of this one.
             warpgroup_gemm(
@@ -682,19 +676,8 @@ class Sm90BackwardKernel:
             warpgroup.wait_group(0)
             self.write_dq(ops, acc_dq, sdQ)
             self.publish_dq(ops)
-        elif cutlass.const_expr(self.config.dq_turns):
-            warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
-            # dV and dK done: dO and Q are free, and so are Pᵀ's and dSᵀ's registers, which
-            # the whole dQ accumulator takes in the warpgroup on turn.
-            warpgroup.wait_group(0)
-            do_ring.consumer_release(do_state)
-            q_ring.consumer_release(q_state)
-            # The turns follow the dSᵀ buffers, which the store warp need not know.
-            if ds_stage % self.config.consumer_warpgroups == ops.warpgroup_idx:
-                self.dq_on_turn(ops, sdQ, ds_stage)
         else:
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
             warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
@@ -704,16 +687,6 @@ class Sm90BackwardKernel:
             self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
-
-    @cute.jit
-    def dq_on_turn(self, ops: BackwardOperands, sdQ: cute.Tensor, ds_stage: Int32):
-        """dq_turns: this warpgroup's turn to compute the query block's whole dQ and hand
-        it to the store warp."""
-        acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
-        warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
-        warpgroup.wait_group(0)
-        self.write_dq(ops, acc_dq, sdQ)
-        self.publish_dq(ops)
 
     @cute.jit
     def probabilities(
@@ -794,7 +767,9 @@ class Sm90BackwardKernel:
         """This thread's dQ into its warpgroup's part (columns, or rows) of the shared-memory
         tile, seen whole: (tile_m, head_dim)."""
         # The TMA engine has read this part's previous dQ (the store warp's arrive).
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_EMPTY_0) + self.dq_part(ops), number_of_threads=DQ_HANDOFF_THREADS)
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
+        )
         tile = cute.group_modes(sdQ, 1, 3)
         if cutlass.const_expr(self.config.dq_rows):
             # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
@@ -811,13 +786,8 @@ class Sm90BackwardKernel:
         (generic proxy) wrote."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
-            barrier_id=int(NamedBarrier.DQ_FULL_0) + self.dq_part(ops), number_of_threads=DQ_HANDOFF_THREADS
+            barrier_id=int(NamedBarrier.DQ_FULL_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
         )
-
-    def dq_part(self, ops: BackwardOperands):
-        """The dQ part this warpgroup writes: its own, or (dq_turns) the one whole tile,
-        whose hand-off barriers then serve whichever warpgroup has the turn."""
-        return 0 if self.config.dq_turns else ops.warpgroup_idx
 
     @staticmethod
     def add_pair(address, pair: cute.Tensor) -> None:

@@ -345,7 +345,9 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 487/459 -> 484, 572/570 -> 567; d64 276/283 -> 284, 435/437 -> 438, 514/514 -> 499;
 # d256 265/270 -> 262, 388/373 -> 380, 451/454 -> 442. A CTA per query head already spreads
 # a key block's long and short walks over many heads; taken under kv_group_in_cta (below).
-BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict(), dict(dq_turns=True)], 256: [dict()]}
+BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
+}
 # With --group G > 1 (GQA/MQA) these join them: the two ways to write a group's dK and dV.
 # Taken (2026-11-30, --group 8, three rounds, --control; -bwd-sweep-gqa8-kv-group-in-cta.json,
 # -bwd-sweep-gqa8-d256-kv-group-in-cta.json; 120 GPU tests passed), for unmasked grids that

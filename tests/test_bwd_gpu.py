@@ -169,55 +169,6 @@ def test_backward_mirror_pairs_variants_match_reference(head_dim, seqlen_q, seql
     _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, head_dim, True, torch.bfloat16, config)
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
-@pytest.mark.parametrize(
-    "heads,kv_heads,change",
-    (
-        (3, 3, dict()),
-        (3, 3, dict(dq_first_stores=False)),
-        (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
-        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
-    ),
-    ids=("first-stores", "accumulator-zeroed", "gqa2-accumulate", "gqa3-in-cta"),
-)
-def test_backward_candidate_dq_turns_matches_reference(causal, seqlen_q, seqlen_k, heads, kv_heads, change):
-    # Head dim 128, each query block's whole dQ from one warpgroup, the two taking turns
-    # (dq_turns): odd and even walks (so either warpgroup has the last turn), walks of one
-    # step, and a kv group's walks one after another in a CTA, whose turns carry on.
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(backward_config(128, causal, kv_heads != heads, seqlen_k=seqlen_k), dq_turns=True,
-                                 **change)
-    _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, 128, causal, torch.bfloat16, config)
-
-
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_backward_candidate_dq_turns_deterministic_is_bit_identical(causal):
-    # One dQ part per query block, so one turn counter each.
-    import dataclasses
-
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
-
-    q = torch.randn(2, 777, 4, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    config = dataclasses.replace(backward_config(128, causal, deterministic=True, seqlen_k=1000), dq_turns=True)
-    runs = []
-    for _ in range(2):
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
-                                       config=config))
-    torch.cuda.synchronize()
-    for name, first, second in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
-    _check_against_reference(q, k, v, dout, causal, runs[0])
-
-
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))

@@ -226,25 +226,6 @@ def test_dq_rows_compiles_clean():
     assert report.ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 2
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_dq_turns_compiles_clean(causal):
-    # Head dim 128 with dq_turns: the dQ GEMM is one warpgroup's 64x128 wgmmas over all 128
-    # keys (8 a block, beside dV's and dK's 4 each, in the masked and the mask-free loop),
-    # pipelined, without spills; the whole tile leaves as one part, one bulk reduction.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-
-    config = dataclasses.replace(backward_config(128, causal, seqlen_k=1024), dq_turns=True)
-    assert config.dq_tile_geometry.parts == 1
-    report = compile_backward_report(config)
-    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
-    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", report.ptx)
-    assert shapes.count("m64n64k16") == 2 * (8 + 8) and shapes.count("m64n128k16") == 2 * (4 + 4 + 8)
-    assert report.ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
-
-
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
 def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
     # In the key loops, one warp vote per block decides whether O's rows are multiplied;
