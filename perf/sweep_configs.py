@@ -345,6 +345,17 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256:
 # 487/459 -> 484, 572/570 -> 567; d64 276/283 -> 284, 435/437 -> 438, 514/514 -> 499;
 # d256 265/270 -> 262, 388/373 -> 380, 451/454 -> 442. A CTA per query head already spreads
 # a key block's long and short walks over many heads; taken under kv_group_in_cta (below).
+# Lost (2026-11-30, three rounds, --control, 1k / 4k / 16k; -bwd-sweep-dq-turns.json; 42 GPU
+# tests of the variant passed): head dim 128, a query block's whole dQ (64 x 128) from one
+# warpgroup, the two taking turns by dSᵀ buffer (dq_turns), so that the dQ GEMM reads dS from
+# shared memory once, not once per warpgroup (16 of the ~370 KB a step moves through shared
+# memory, which ncu has at 80% of its throughput; flash-attn-4's 80-row tiles move ~5% fewer
+# bytes a query row, the size of its lead), in 8 wgmmas, not 16. The warpgroup on turn waited
+# for its dK before issuing dQ (its accumulator takes Pᵀ's and dSᵀ's registers). Faster rounds
+# (selector: the better of its two copies), full 517/559/598 -> 475/547/577, causal
+# 376/526/594 -> 362/500/578. Issuing dQ under dK instead puts a wgmma in a branch that
+# keeps dK's accumulator in flight: ptxas serialises the wgmmas. What the warpgroup on turn
+# adds to its step (the whole dQ GEMM and its store) outweighs the bytes saved.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
