@@ -126,13 +126,6 @@ class Sm90ForwardConfig:
     # one head: both walk the same key blocks, so causal tiles mask nothing extra. Only for
     # an even number of query heads per K/V head (flash4/dispatch.py selects it).
     cluster_heads: bool = False
-    # Causal, persistent, one CTA per tile walker: single tiles sorted longest first (all
-    # heads' last query blocks, then the ones before), dealt out in rounds of one tile per
-    # CTA, every other round in reverse order, instead of pairs of a long and a short tile.
-    # A pair is a whole unit, so its grid's last round leaves the CTAs past the remainder
-    # idle for a pair's time (at 16k, 1376 pairs on 132 SMs: 10.42 rounds run as 11); the
-    # zig-zag deals single tiles, whose last rounds are the shortest ones.
-    zigzag_tiles: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -205,11 +198,6 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
-            )
-        if self.zigzag_tiles and not (self.causal and self.persistent and not self.kv_multicast):
-            raise ValueError(
-                "zigzag_tiles=True: only causal (unmasked tiles are all as long) and persistent, without "
-                "kv_multicast (its grids share out whole clusters' blocks)"
             )
         if self.cluster_heads and not self.kv_multicast:
             raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")

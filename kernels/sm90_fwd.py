@@ -308,9 +308,8 @@ class Sm90ForwardKernel:
             cute.size(mQ.shape[2]),
             cute.size(mQ.shape[3]),
             persistent=self.config.persistent,
-            causal_pairs=self.causal and self.config.persistent and not self.config.zigzag_tiles,
+            causal_pairs=self.causal and self.config.persistent,
             longest_first=self.causal,
-            zigzag=self.config.zigzag_tiles,
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
         )

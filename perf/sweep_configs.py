@@ -178,7 +178,7 @@ from flash4.interface import LOG2_E
 # -> 566; cutting then saved 20 us at d128 16k and 6 us at d64 2k, and cost 18 us at d128
 # 2k and 4k (pieces of 5-10 blocks, each paying its pipeline fill and a merge). Same
 # registers (168) and no spills; what slows the uncut variant's loop was not found.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {hdim: [dict(), dict(zigzag_tiles=True)] for hdim in (64, 128, 256)}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -458,7 +458,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # clusters (cuDNN FP8), 4k / 16k: d128 923/915 -> 957 (820), 1016/1006 -> 1042 (870); d256
 # 1125/1115 -> 1113 (974), 1260/1260 -> 1264 (928); d64 636/635 -> 622 (501), 761/763 ->
 # 745 (555). Unmasked and below 4k not swept.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(zigzag_tiles=True)] for h in (64, 128, 256)}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

@@ -16,14 +16,6 @@ position names one tile.
 With ``longest_first`` (causal, one tile per CTA), query blocks are launched from the last
 to the first: the longest tiles start first and the short ones fill the tail.
 
-- Persistent in zig-zag (causal): single tiles sorted longest first, the last query block of
-  every (head, batch) entry, then the block before, and so on, dealt out one per CTA a
-  round, every other round in reverse CTA order. A CTA's position w + r·grid stands for
-  sorted index r·grid + w in even rounds and r·grid + grid − 1 − w in odd ones; the rounds
-  run to a whole one, and an index past the tiles is skipped. Each round's tiles are about
-  as long, the reversal evens out what is left, and the last rounds are the shortest tiles,
-  where pairs (whole units as long as two tiles) leave a partial last round idle.
-
 With ``cluster_ctas`` > 1 (clusters sharing K and V by multicast), the CTAs of a cluster
 take adjacent query blocks of one head, the CTA's rank in the cluster picking its block;
 a persistent grid shares out *units*, one cluster's blocks each (causal: in balanced pairs
@@ -42,16 +34,6 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 
-def zigzag_index(position, walkers):
-    """The zig-zag schedule's sorted tile index at ``position`` (walker w of round r sits at
-    w + r·walkers): r·walkers + w in even rounds, r·walkers + walkers − 1 − w in odd ones.
-    Python ints or Int32."""
-    round_start = position // walkers * walkers
-    walker = position - round_start
-    odd = (position // walkers) % 2
-    return round_start + walker + odd * (walkers - 1 - 2 * walker)
-
-
 class TileScheduler:
     def __init__(
         self,
@@ -63,12 +45,9 @@ class TileScheduler:
         longest_first: bool,
         cluster_ctas: int = 1,
         cluster_heads: bool = False,
-        zigzag: bool = False,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
-        if zigzag and (causal_pairs or not persistent or cluster_ctas > 1):
-            raise ValueError("zigzag is a persistent schedule of single tiles, without pairs or clusters")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
@@ -77,7 +56,6 @@ class TileScheduler:
         self.longest_first = longest_first
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
-        self.zigzag = zigzag
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
     # carry it through the loop as run-time values (its three sizes).
@@ -87,7 +65,7 @@ class TileScheduler:
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
         return TileScheduler(
             *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.zigzag,
+            self.cluster_heads,
         )
 
     def units_per_head(self) -> Int32:
@@ -114,12 +92,9 @@ class TileScheduler:
         return self.num_m_blocks * self.heads * self.batch
 
     def end(self) -> Int32:
-        """One past the last position (zig-zag: of the last round, whole)."""
+        """One past the last position."""
         if self.causal_pairs:
             return 2 * self.work_units()
-        if self.zigzag:
-            walkers = self.walkers()
-            return (self.work_units() + walkers - 1) // walkers * walkers
         return self.work_units()
 
     def grid(self, max_ctas: Int32) -> tuple:
@@ -167,29 +142,16 @@ class TileScheduler:
     @cute.jit
     def valid(self, position: Int32) -> cutlass.Boolean:
         """Whether ``position`` names a tile: with an odd number of units, the middle one is
-        paired with itself and only its first position counts; zig-zag, its last round's
-        reversed CTAs may stand for indices past the tiles."""
+        paired with itself and only its first position counts."""
         ok = position < self.end()
-        if cutlass.const_expr(self.zigzag):
-            ok = self.sorted_index(position) < self.work_units()
         if cutlass.const_expr(self.causal_pairs):
             pair = (position // 2) % self.pairs_per_head()
             ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.units_per_head())
         return ok
 
     @cute.jit
-    def sorted_index(self, position: Int32) -> Int32:
-        """Zig-zag: the index, longest tile first, that ``position`` stands for."""
-        return zigzag_index(position, self.walkers())
-
-    @cute.jit
     def tile(self, position: Int32) -> tuple[Int32, Int32, Int32]:
         """(query block, head, batch) of the tile at ``position``."""
-        if cutlass.const_expr(self.zigzag):
-            entries = self.heads * self.batch
-            index = self.sorted_index(position)
-            entry = index % entries
-            return self.num_m_blocks - 1 - index // entries, entry % self.heads, entry // self.heads
         per_head = self.num_m_blocks
         heads = self.heads
         index = position

@@ -46,11 +46,6 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         # Q in registers stops where Q and O's accumulator no longer fit together.
         (dict(head_dim=256, tile_n=64, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
         (dict(head_dim=256, tile_n=128, fp8=True, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
-        # Zig-zag deals causal tiles of a persistent grid, one CTA's at a time.
-        (dict(head_dim=128, tile_n=128, persistent=True, zigzag_tiles=True), "zigzag_tiles=True: only causal"),
-        (dict(head_dim=128, tile_n=128, causal=True, zigzag_tiles=True), "zigzag_tiles=True: .*persistent"),
-        (dict(head_dim=128, tile_n=128, causal=True, persistent=True, kv_multicast=True, zigzag_tiles=True),
-         "zigzag_tiles=True: .*kv_multicast"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):

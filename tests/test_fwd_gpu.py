@@ -381,26 +381,6 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-@pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (17, 1000), (1000, 17), (4096, 128), (3000, 3000))
-)
-def test_candidate_zigzag_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, seqlen_k):
-    # Causal persistent grids dealing single tiles in zig-zag (zigzag_tiles) instead of
-    # pairs: each tile's work is the same, only its CTA differs, so the same bits; with 4 * 8
-    # heads a CTA loops over several rounds, the last one partial and reversed (so some
-    # CTAs skip indices past the tiles), including tiles that see no key (1000 queries on
-    # 17 keys, 4096 on 128) and an odd number of query blocks (1100).
-    seed = hash(("zigzag", head_dim, warpgroups, seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    tiles = dict(consumer_warpgroups=warpgroups, persistent=True)
-    if head_dim == 256:
-        tiles.update(q_stages=1)
-    want, want_lse = _run_config_variant(q, k, v, True, **tiles)
-    out, lse = _run_config_variant(q, k, v, True, zigzag_tiles=True, **tiles)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
-
-
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 
 
