@@ -178,6 +178,17 @@ from flash4.interface import LOG2_E
 # -> 566; cutting then saved 20 us at d128 16k and 6 us at d64 2k, and cost 18 us at d128
 # 2k and 4k (pieces of 5-10 blocks, each paying its pipeline fill and a merge). Same
 # registers (168) and no spills; what slows the uncut variant's loop was not found.
+# Lost (2026-11-30, three rounds, --control, causal 1k-16k; -fwd-sweep-zigzag.json; 28 GPU
+# tests bit-identical to the table): causal persistent grids dealing single tiles sorted
+# longest first across all heads (every (head, batch) entry's last query block, then the one
+# before), one per CTA a round, every other round reversed (zigzag_tiles), instead of
+# long-short pairs. A model with equal blocks has the pairs' whole units leaving 3-6% of the
+# SMs idle in a partial last round (d64 causal 16k: 1376 pairs on 132 SMs, 10.42 rounds run
+# as 11) and the zig-zag 0.5%. Faster rounds, table -> zig-zag: d64 1k / 4k / 16k
+# 332/438/492 -> 300/401/484; d128 1k / 2k / 4k 459/540/577 -> 374/443/507; d256 1k / 4k
+# 464/622 -> 366/580. Its rounds spread every entry's tiles over the grid at once: at d128 1k
+# 132 entries' K and V (66 MB) against the pairs' ~33 (17 MB) in 50 MB of L2. L2 locality
+# outweighs the tail; a balanced order must keep each round's tiles within a few entries.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
