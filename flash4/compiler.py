@@ -30,6 +30,8 @@ KEY_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mb
 TMA_ALIGN_BYTES = 16
 # The Float32 LSE is written element by element: 4-byte alignment is all it needs.
 LSE_ALIGN_BYTES = 4
+# The dynamic grids' tile counter: one int32, added to by atomics.
+TILE_COUNTER_ALIGN_BYTES = 4
 
 
 # ptxas's remarks when it cannot keep wgmmas in flight: it injected a wait or an arrive
@@ -90,7 +92,21 @@ def _forward_arguments(entry: KernelEntry, with_lse: bool) -> tuple:
     o = _fake_tensor(dtype, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
     lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream
+    return q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), _fake_tile_counter(entry.config), stream
+
+
+def _fake_tile_counter(config: Any) -> Any:
+    import cutlass
+
+    return _fake_tensor(cutlass.Int32, (1,), TILE_COUNTER_ALIGN_BYTES) if config.dynamic_tiles else None
+
+
+def tile_counter(config: Any, device: Any) -> Any:
+    """The zeroed int32 counter a ``dynamic_tiles`` kernel hands its tiles out by (one a
+    launch; graph capture records the zeroing with it), or None for the others."""
+    import torch
+
+    return torch.zeros(1, dtype=torch.int32, device=device) if config.dynamic_tiles else None
 
 
 def _kernel(entry: KernelEntry) -> Any:
@@ -117,9 +133,10 @@ def _compile(entry: KernelEntry, *options: str, with_lse: bool = True) -> Any:
 def compiled_forward(entry: KernelEntry, with_lse: bool = True) -> Callable[..., Any]:
     """The compiled kernel for one selector row, for the GPU this process runs on.
 
-    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2, max_ctas)`` with torch tensors
-    (``max_ctas``: the SM count, the most CTAs a persistent kernel launches); built
-    ``with_lse=False`` it takes ``None`` for lse and skips writing it.
+    Call it as ``fn(q, k, v, out, lse, softmax_scale_log2, max_ctas, counter)`` with torch
+    tensors (``max_ctas``: the SM count, the most CTAs a persistent kernel launches;
+    ``counter``: ``tile_counter(entry.config, device)``); built ``with_lse=False`` it takes
+    ``None`` for lse and skips writing it.
     """
     return _compile(entry, with_lse=with_lse)
 
@@ -144,13 +161,14 @@ def _fp8_forward_arguments(config: Any, out_dtype_name: str, with_lse: bool) -> 
     q_descale = _fake_tensor(cutlass.Float32, (batch, heads, m_blocks), DESCALE_ALIGN_BYTES)
     k_descale, v_descale = (_fake_tensor(cutlass.Float32, (batch, kv_heads, n_blocks), DESCALE_ALIGN_BYTES) for _ in range(2))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return q, k, vt, o, lse, q_descale, k_descale, v_descale, cutlass.Float32(1.0), cutlass.Int32(1), stream
+    return (q, k, vt, o, lse, q_descale, k_descale, v_descale, cutlass.Float32(1.0), cutlass.Int32(1),
+            _fake_tile_counter(config), stream)
 
 
 def compile_fp8_forward(config: Any, out_dtype_name: str, *options: str, with_lse: bool = True) -> Any:
     """The FP8 forward kernel (kernels/sm90_fwd_fp8.py) for one ``Sm90ForwardConfig`` with
     ``fp8=True``. Call it as ``fn(q, k, vt, out, lse, q_descale, k_descale, v_descale,
-    softmax_scale_log2, max_ctas)`` with torch tensors (see flash4.quantize for vt and the
+    softmax_scale_log2, max_ctas, counter)`` with torch tensors (see flash4.quantize for vt and the
     descales)."""
     import cutlass.cute as cute
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from flash4.checks import AttentionProblem, check_devices, check_shapes, resolve_softmax_scale
-from flash4.compiler import compiled_forward
+from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
 from flash4.devices import device_arch, device_sms, on_device
 from flash4.interface import LOG2_E
@@ -139,7 +139,7 @@ def flash_attn_fp8_quantized(
             tile_descales(q, batch, heads, q_blocks),
             tile_descales(k, batch, problem.kv_heads, kv_blocks),
             tile_descales(v, batch, problem.kv_heads, kv_blocks),
-            problem.softmax_scale * LOG2_E, device_sms(device.index),
+            problem.softmax_scale * LOG2_E, device_sms(device.index), tile_counter(entry.config, device),
         )
     return (out, lse) if return_lse else out
 

@@ -18,10 +18,10 @@ from flash4.dispatch import select
 LOG2_E = math.log2(math.e)
 
 # (device index, dtype, head dim, causal, row's min_seqlen_q, clusters of heads, writes LSE)
-# -> compiled kernel.
+# -> compiled kernel, and whether it takes a tile counter (dynamic_tiles).
 # Everything in the key is static, so shapes and scales never recompile; plain values keep
 # the lookup cheap (hashing the nested dataclasses of a row is not).
-_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], Callable[..., Any]] = {}
+_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], tuple[Callable[..., Any], bool]] = {}
 
 
 def flash_attn_func(
@@ -145,7 +145,7 @@ def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Callable[..., Any]:
+def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> tuple[Callable[..., Any], bool]:
     entry = select(
         device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q,
         problem.group_size,
@@ -156,14 +156,16 @@ def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> Cal
     )
     kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[key] = compiled_forward(entry, with_lse)
+        kernel = _KERNELS[key] = (compiled_forward(entry, with_lse), entry.config.dynamic_tiles)
     return kernel
 
 
 def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
     device = q.device
-    kernel = _kernel(device.index, problem, lse is not None)
+    kernel, dynamic = _kernel(device.index, problem, lse is not None)
     scale_log2 = problem.softmax_scale * LOG2_E
     sms = device_sms(device.index)
     with on_device(device):
-        kernel(q, k, v, out, lse, scale_log2, sms)
+        # A dynamic grid's tile counter, zeroed on the stream before the launch.
+        counter = torch.zeros(1, dtype=torch.int32, device=device) if dynamic else None
+        kernel(q, k, v, out, lse, scale_log2, sms, counter)

@@ -126,6 +126,11 @@ class Sm90ForwardConfig:
     # one head: both walk the same key blocks, so causal tiles mask nothing extra. Only for
     # an even number of query heads per K/V head (flash4/dispatch.py selects it).
     cluster_heads: bool = False
+    # Causal, persistent: tiles handed out at run time to whichever CTA is free first, in
+    # sections of heads, longest first (pipelines/tile_scheduler.py, pipelines/tile_queue.py;
+    # the launch takes a zeroed int32 counter), instead of long-short pairs dealt out in
+    # turn, whose whole units leave a partial last round of the grid idle.
+    dynamic_tiles: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -198,6 +203,11 @@ class Sm90ForwardConfig:
             raise ValueError(
                 f"q_in_registers=True: head_dim up to {Q_IN_REGISTERS_MAX_HEAD_DIM} (beyond it Q and O's "
                 f"accumulator do not fit a thread's registers together); got {self.head_dim}"
+            )
+        if self.dynamic_tiles and not (self.causal and self.persistent and not self.kv_multicast):
+            raise ValueError(
+                "dynamic_tiles=True: only causal (unmasked tiles are all as long) and persistent, without "
+                "kv_multicast (its grids share out whole clusters' blocks)"
             )
         if self.cluster_heads and not self.kv_multicast:
             raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")

@@ -51,7 +51,9 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from ..pipelines import tile_queue
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
+from ..pipelines.tile_queue import TILE_QUEUE_STAGES, TileQueue, tile_queue_barrier_words
 from ..pipelines.tile_scheduler import TileScheduler
 from ..pipelines.tma_pipeline import (
     barrier_words,
@@ -174,9 +176,10 @@ class Sm90ForwardKernel:
         mLSE: Optional[cute.Tensor],  # (batch, heads, seqlen_q), float32; None: not written
         softmax_scale_log2: Float32,
         max_ctas: Int32,  # persistent kernels launch at most this many CTAs (the SM count)
+        mTileCounter: Optional[cute.Tensor],  # (1,) int32, zeroed (dynamic_tiles), or None
         stream: cuda.CUstream,
     ):
-        self.launch(mQ, mK, mV, mO, mLSE, None, None, None, softmax_scale_log2, max_ctas, stream)
+        self.launch(mQ, mK, mV, mO, mLSE, None, None, None, softmax_scale_log2, max_ctas, mTileCounter, stream)
 
     @cute.jit
     def launch(
@@ -193,8 +196,11 @@ class Sm90ForwardKernel:
         mVDescale: Optional[cute.Tensor],
         softmax_scale_log2: Float32,
         max_ctas: Int32,
+        mTileCounter: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
+        if cutlass.const_expr((mTileCounter is not None) != self.config.dynamic_tiles):
+            raise ValueError(f"{self.config}: a tile counter exactly when dynamic_tiles=True")
         # Decided per compiled variant: the tensor cores' row sum is of the rounded P, which
         # normalises O but is not the true LSE (Sm90ForwardConfig.row_sum_on_tensor_cores).
         self.sums_on_tensor_cores = self.config.row_sum_on_tensor_cores and mLSE is None
@@ -248,7 +254,7 @@ class Sm90ForwardKernel:
                 # A one-tile grid is (query blocks, heads, batch): the pair lies along heads.
                 cluster = dict(cluster=[1, ctas, 1])
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale,
+            tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             softmax_scale_log2,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -293,6 +299,9 @@ class Sm90ForwardKernel:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         if self.sums_on_tensor_cores:
             fields["sOnes"] = buffer(cute.cosize(ones_tile_layout(self.dtype, self.tile_n)))
+        if self.config.dynamic_tiles:
+            fields["tile_barriers"] = cute.struct.MemRange[cutlass.Int64, tile_queue_barrier_words()]
+            fields["tile_positions"] = cute.struct.MemRange[Int32, TILE_QUEUE_STAGES]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
@@ -308,8 +317,9 @@ class Sm90ForwardKernel:
             cute.size(mQ.shape[2]),
             cute.size(mQ.shape[3]),
             persistent=self.config.persistent,
-            causal_pairs=self.causal and self.config.persistent,
+            causal_pairs=self.causal and self.config.persistent and not self.config.dynamic_tiles,
             longest_first=self.causal,
+            dynamic=self.config.dynamic_tiles,
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
         )
@@ -326,6 +336,7 @@ class Sm90ForwardKernel:
         mQDescale: Optional[cute.Tensor],
         mKDescale: Optional[cute.Tensor],
         mVDescale: Optional[cute.Tensor],
+        mTileCounter: Optional[cute.Tensor],
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -369,6 +380,12 @@ class Sm90ForwardKernel:
         sO = rings.sQ[None, None, 0]
         if cutlass.const_expr(not self.config.o_in_q_buffer):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        queue = None
+        if cutlass.const_expr(self.config.dynamic_tiles):
+            queue = TileQueue.make(
+                storage.tile_barriers.data_ptr(), storage.tile_positions.get_tensor(cute.make_layout(TILE_QUEUE_STAGES)),
+                self.consumer_threads,
+            )
         finish_init(cluster=ctas > 1)
 
         scheduler = self.scheduler(mQ)
@@ -376,13 +393,16 @@ class Sm90ForwardKernel:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
                 loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V)
-                self.produce(loads, rings, scheduler)
+                if cutlass.const_expr(self.config.dynamic_tiles):
+                    self.produce_dynamic(loads, rings, scheduler, queue, mTileCounter)
+                else:
+                    self.produce(loads, rings, scheduler)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
                 tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, (mQDescale, mKDescale, mVDescale),
-                tma_atom_O, scheduler, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
+                tma_atom_O, scheduler, queue, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
         if cutlass.const_expr(ctas > 1):
             finish_cluster()
@@ -403,14 +423,37 @@ class Sm90ForwardKernel:
         position = scheduler.first()
         while position < scheduler.end():
             if scheduler.valid(position):
-                tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
-                if tile.n_block_max > 0:
-                    q_state, kv_state = self.load(loads, rings, tile, q_state, kv_state)
-                elif cutlass.const_expr(self.q_freed_by_store):
-                    # A tile that sees no key still stores O (zeros) through Q's buffer, so
-                    # it claims the buffer like any other tile: by loading its Q.
-                    q_state = self.load_q(loads, rings, tile, q_state)
+                q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
             position = scheduler.next(position)
+
+    @cute.jit
+    def produce_dynamic(self, loads: Loads, rings: Rings, scheduler: TileScheduler, queue: TileQueue,
+                        counter: cute.Tensor):
+        """The producer warp of a dynamic grid: its first tile by block index, then each next
+        one from the counter once the current one's loads are issued (as late as its lead
+        over the consumers allows), every position handed to the consumers; at the end, one
+        past the tiles."""
+        q_state = producer_state(self.q_stages)
+        kv_state = producer_state(self.stages)
+        tile_state = tile_queue.producer_state()
+        position = scheduler.first()
+        while position < scheduler.end():
+            tile_state = queue.push(tile_state, position)
+            q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
+            position = tile_queue.next_ticket(counter.iterator) + scheduler.walkers()
+        queue.push(tile_state, scheduler.end())
+
+    @cute.jit
+    def load_tile(self, loads: Loads, rings: Rings, scheduler: TileScheduler, position: Int32, q_state, kv_state):
+        """The loads of the tile at ``position``; returns the rings' next states."""
+        tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
+        if tile.n_block_max > 0:
+            q_state, kv_state = self.load(loads, rings, tile, q_state, kv_state)
+        elif cutlass.const_expr(self.q_freed_by_store):
+            # A tile that sees no key still stores O (zeros) through Q's buffer, so it
+            # claims the buffer like any other tile: by loading its Q.
+            q_state = self.load_q(loads, rings, tile, q_state)
+        return q_state, kv_state
 
     @cute.jit
     def consume(
@@ -424,12 +467,14 @@ class Sm90ForwardKernel:
         descales: tuple,
         tma_atom_O: cute.CopyAtom,
         scheduler: TileScheduler,
+        queue: Optional[TileQueue],
         seqlen_q: Int32,
         seqlen_k: Int32,
         softmax_scale_log2: Float32,
         tidx: Int32,
     ):
-        """A consumer thread: every tile's GEMMs, softmax and epilogue."""
+        """A consumer thread: every tile's GEMMs, softmax and epilogue (``queue``: the
+        positions of a dynamic grid)."""
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         pingpong = WarpgroupPingPong(warpgroup_idx, self.consumer_warpgroups, THREADS_PER_WARPGROUP)
         if cutlass.const_expr(self.pingpong):
@@ -438,31 +483,47 @@ class Sm90ForwardKernel:
             pingpong.start()
         q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
-        position = scheduler.first()
-        while position < scheduler.end():
-            if scheduler.valid(position):
-                tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
-                ops = self.consumer_operands(
-                    tiled_mma_qk, tiled_mma_pv, rings, self.q_slot(q_state), warpgroup_idx, tidx
-                )
-                lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
-                # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
-                lse.fill(-Float32.inf)
-                if tile.n_block_max > 0:
-                    softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
-                    q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
-                elif cutlass.const_expr(self.q_freed_by_store):
-                    rings.q.consumer_wait(q_state)
-                self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
-                if cutlass.const_expr(self.q_freed_by_store):
-                    if tidx == 0:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                        rings.q.consumer_release(q_state)
-                    q_state.advance()
-            position = scheduler.next(position)
+        tile = (tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, descales, tma_atom_O, scheduler, seqlen_q, seqlen_k,
+                softmax_scale_log2, pingpong, warpgroup_idx, tidx)
+        if cutlass.const_expr(self.config.dynamic_tiles):
+            position, tile_state = queue.pop(tile_queue.consumer_state())
+            while position < scheduler.end():
+                q_state, kv_state = self.consume_tile(*tile, position, q_state, kv_state)
+                position, tile_state = queue.pop(tile_state)
+        else:
+            position = scheduler.first()
+            while position < scheduler.end():
+                if scheduler.valid(position):
+                    q_state, kv_state = self.consume_tile(*tile, position, q_state, kv_state)
+                position = scheduler.next(position)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if self.stores_o(tidx):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def consume_tile(
+        self, tiled_mma_qk, tiled_mma_pv, rings: Rings, sO, mO, mLSE, descales: tuple, tma_atom_O, scheduler,
+        seqlen_q: Int32, seqlen_k: Int32, softmax_scale_log2: Float32, pingpong: WarpgroupPingPong,
+        warpgroup_idx: Int32, tidx: Int32, position: Int32, q_state, kv_state,
+    ):
+        """A consumer thread's part of the tile at ``position``; returns the rings' next states."""
+        tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
+        ops = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, rings, self.q_slot(q_state), warpgroup_idx, tidx)
+        lse = cute.make_rmem_tensor(cute.size(acc_rows_cols(ops.coords), mode=[0]), Float32)
+        # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
+        lse.fill(-Float32.inf)
+        if tile.n_block_max > 0:
+            softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
+            q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
+        elif cutlass.const_expr(self.q_freed_by_store):
+            rings.q.consumer_wait(q_state)
+        self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+        if cutlass.const_expr(self.q_freed_by_store):
+            if tidx == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                rings.q.consumer_release(q_state)
+            q_state.advance()
+        return q_state, kv_state
 
     # ------------------------------------------------------------------ inputs
     # How V is laid out and the softmax kept: 16-bit V as it comes, (keys, head_dim); the

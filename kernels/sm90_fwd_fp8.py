@@ -16,7 +16,7 @@ epilogue are the same. What changes:
 
 from __future__ import annotations
 
-from typing import Type
+from typing import Optional, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -53,9 +53,12 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         mVDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32
         softmax_scale_log2: Float32,
         max_ctas: Int32,
+        mTileCounter: Optional[cute.Tensor],  # (1,) int32, zeroed (dynamic_tiles), or None
         stream: cuda.CUstream,
     ):
-        self.launch(mQ, mK, mVt, mO, mLSE, mQDescale, mKDescale, mVDescale, softmax_scale_log2, max_ctas, stream)
+        self.launch(
+            mQ, mK, mVt, mO, mLSE, mQDescale, mKDescale, mVDescale, softmax_scale_log2, max_ctas, mTileCounter, stream
+        )
 
     # V arrives transposed: rows are head-dim columns, keys contiguous.
     def v_rows_first(self, mV: cute.Tensor) -> cute.Tensor:

@@ -38,7 +38,7 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
 def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> None:
     """Microseconds of each step of ``flash_attn_func``, timed alone."""
     problem = check_attention_args(q, k, v, None, False)
-    kernel = interface._kernel(q.device.index, problem, False)
+    kernel, _ = interface._kernel(q.device.index, problem, False)
     out = torch.empty_like(q)
     sms = interface.device_sms(q.device.index)
     steps: dict[str, Callable[[], object]] = {
@@ -48,8 +48,8 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> 
         "torch.empty(q.shape, ...)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "torch.cuda.current_device()": torch.cuda.current_device,
         "interface._kernel lookup": lambda: interface._kernel(q.device.index, problem, False),
-        "kernel call (same out)": lambda: kernel(q, k, v, out, None, 0.18, sms),
-        "kernel call (fresh out)": lambda: kernel(q, k, v, torch.empty_like(q), None, 0.18, sms),
+        "kernel call (same out)": lambda: kernel(q, k, v, out, None, 0.18, sms, None),
+        "kernel call (fresh out)": lambda: kernel(q, k, v, torch.empty_like(q), None, 0.18, sms, None),
     }
     for name, fn in steps.items():
         print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)
@@ -68,13 +68,13 @@ def main() -> None:
         return
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     out = torch.empty_like(q)
-    kernel = next(iter(_KERNELS.values()))
+    kernel, _ = next(iter(_KERNELS.values()))
     scale_log2 = HEAD_DIM**-0.5 * LOG2_E
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     providers: dict[str, Callable[[], object]] = {
         "flash4": lambda: flash4.flash_attn_func(q, k, v),
         # The compiled kernel alone (TVM FFI call and launch): the floor under flash4's checks.
-        "flash4 compiled kernel only": lambda: kernel(q, k, v, out, None, scale_log2, sms),
+        "flash4 compiled kernel only": lambda: kernel(q, k, v, out, None, scale_log2, sms, None),
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
     }
     try:

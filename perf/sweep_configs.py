@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from flash4 import bench
-from flash4.compiler import compiled_forward
+from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import KernelEntry, select
 from flash4.devices import device_sms
 from flash4.interface import LOG2_E
@@ -189,7 +189,7 @@ from flash4.interface import LOG2_E
 # 464/622 -> 366/580. Its rounds spread every entry's tiles over the grid at once: at d128 1k
 # 132 entries' K and V (66 MB) against the pairs' ~33 (17 MB) in 50 MB of L2. L2 locality
 # outweighs the tail; a balanced order must keep each round's tiles within a few entries.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {hdim: [dict(), dict(dynamic_tiles=True)] for hdim in (64, 128, 256)}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -469,7 +469,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # clusters (cuDNN FP8), 4k / 16k: d128 923/915 -> 957 (820), 1016/1006 -> 1042 (870); d256
 # 1125/1115 -> 1113 (974), 1260/1260 -> 1264 (928); d64 636/635 -> 622 (501), 761/763 ->
 # 745 (555). Unmasked and below 4k not swept.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(dynamic_tiles=True)] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
@@ -494,7 +494,7 @@ def candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Callab
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
-            kernel(q, k, v, out, lse, scale * LOG2_E, sms)
+            kernel(q, k, v, out, lse, scale * LOG2_E, sms, tile_counter(entry.config, q.device))
             return out
 
         def check(result: torch.Tensor) -> torch.Tensor:
@@ -531,7 +531,7 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
         sms = device_sms(q.device.index or 0)
 
         def run() -> torch.Tensor:
-            kernel(q8.values, k8.values, vt, out, None, *descales, scale * LOG2_E, sms)
+            kernel(q8.values, k8.values, vt, out, None, *descales, scale * LOG2_E, sms, tile_counter(config, q.device))
             return out
 
         def check(result: torch.Tensor) -> torch.Tensor:

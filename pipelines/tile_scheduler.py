@@ -16,6 +16,17 @@ position names one tile.
 With ``longest_first`` (causal, one tile per CTA), query blocks are launched from the last
 to the first: the longest tiles start first and the short ones fill the tail.
 
+- Persistent, ``dynamic`` (causal): positions are handed out at run time, to whichever CTA
+  is free first (pipelines/tile_queue.py), in sections of (head, batch) entries: within a
+  section the last query block of each entry, then the one before, and so on, so the
+  longest tiles go first and the shortest fill the end. A section holds at least
+  SECTION_ROUNDS rounds of the grid's tiles, so the next section's longest tiles start
+  while this one's last rounds run; sections differ by one entry at most. Pairs, whole
+  units, leave a partial last round of the grid idle instead (a model of equal key
+  blocks: 94-97% of the SMs' time on the protocol's causal shapes, 97-99.6% this way). A
+  section's K and V stay in L2 while its tiles run: an order over all entries at once
+  (every head's last query block first) lost 2-19% on the H200 (perf/sweep_configs.py).
+
 With ``cluster_ctas`` > 1 (clusters sharing K and V by multicast), the CTAs of a cluster
 take adjacent query blocks of one head, the CTA's rank in the cluster picking its block;
 a persistent grid shares out *units*, one cluster's blocks each (causal: in balanced pairs
@@ -34,6 +45,30 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 
+# A dynamic order's section holds at least this many rounds of the grid's tiles (see above).
+SECTION_ROUNDS = 2
+
+
+def dynamic_tile(index, num_m_blocks, entries, walkers):
+    """(query block, entry) of sorted position ``index`` in the dynamic order: sections of
+    (head, batch) entries, longest tiles first within each. Branch-free integer arithmetic,
+    so the same function runs in the kernel (Int32) and in the CPU tests (ints)."""
+    wanted = (SECTION_ROUNDS * walkers + num_m_blocks - 1) // num_m_blocks
+    sections = cutlass.max(entries // wanted, 1)
+    small = entries // sections
+    # The first ``big`` sections hold small + 1 entries, the others small.
+    big = entries - small * sections
+    big_tiles = big * (small + 1) * num_m_blocks
+    in_big = cutlass.min(cutlass.max(big_tiles - index, 0), 1)
+    rest = cutlass.max(index - big_tiles, 0)
+    start = in_big * (index // ((small + 1) * num_m_blocks) * (small + 1)) + (1 - in_big) * (
+        big * (small + 1) + rest // (small * num_m_blocks) * small
+    )
+    inside = in_big * (index % ((small + 1) * num_m_blocks)) + (1 - in_big) * (rest % (small * num_m_blocks))
+    size = small + in_big
+    return num_m_blocks - 1 - inside // size, start + inside % size
+
+
 class TileScheduler:
     def __init__(
         self,
@@ -45,9 +80,12 @@ class TileScheduler:
         longest_first: bool,
         cluster_ctas: int = 1,
         cluster_heads: bool = False,
+        dynamic: bool = False,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
+        if dynamic and (causal_pairs or not persistent or cluster_ctas > 1):
+            raise ValueError("dynamic is a persistent schedule of single tiles, without pairs or clusters")
         self.num_m_blocks = num_m_blocks
         self.heads = heads
         self.batch = batch
@@ -56,6 +94,7 @@ class TileScheduler:
         self.longest_first = longest_first
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
+        self.dynamic = dynamic
 
     # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
     # carry it through the loop as run-time values (its three sizes).
@@ -65,7 +104,7 @@ class TileScheduler:
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
         return TileScheduler(
             *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads,
+            self.cluster_heads, self.dynamic,
         )
 
     def units_per_head(self) -> Int32:
@@ -152,6 +191,9 @@ class TileScheduler:
     @cute.jit
     def tile(self, position: Int32) -> tuple[Int32, Int32, Int32]:
         """(query block, head, batch) of the tile at ``position``."""
+        if cutlass.const_expr(self.dynamic):
+            m_block, entry = dynamic_tile(position, self.num_m_blocks, self.heads * self.batch, self.walkers())
+            return m_block, entry % self.heads, entry // self.heads
         per_head = self.num_m_blocks
         heads = self.heads
         index = position

@@ -249,6 +249,28 @@ def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
     assert when_needed.ptx.count("mul.f32") >= always.ptx.count("mul.f32") - 2
 
 
+@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
+def test_dynamic_tiles_take_one_ticket_a_tile(dtype):
+    # A dynamic grid's producer takes each next tile by one atomic add on the counter (the
+    # pairs' grid takes none), and hands positions over through its two-slot queue: three
+    # more pairs of mbarriers beside the rings'. No spills, no serialised wgmma.
+    import dataclasses
+
+    from flash4.compiler import compile_entry
+    from flash4.dispatch import select
+
+    entry = select("sm_90a", dtype, 128, True, 1024)
+    assert entry.config.persistent and not entry.config.kv_multicast
+    pairs = compile_entry(entry, arch="sm_90a")
+    dynamic = compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, dynamic_tiles=True)),
+                            arch="sm_90a")
+    assert dynamic.spill_bytes == 0 and dynamic.serialized_wgmma == 0
+    atomics = re.findall(r"atom\.(?:relaxed\.)?(?:gpu\.)?(?:global\.)?add\.[su]32", dynamic.ptx)
+    assert len(atomics) == 1 and not re.findall(r"atom\.\S*add", pairs.ptx)
+    inits = [report.ptx.count("mbarrier.init") for report in (pairs, dynamic)]
+    assert inits[1] - inits[0] == 4
+
+
 def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
     # The table's FP8 rows take V per tensor: no IEEE division is left (the blockwise-V
     # kernel, select_fp8's other answer, divides by the running V descale in every block)

@@ -255,7 +255,7 @@ def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
     lse None ``with_lse=False``."""
     import dataclasses
 
-    from flash4.compiler import compiled_forward
+    from flash4.compiler import compiled_forward, tile_counter
     from flash4.dispatch import FP8_DTYPE, select
     from flash4.fp8 import OUT_DTYPE, tile_descales
     from flash4.devices import device_sms
@@ -273,6 +273,7 @@ def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
         q8.values, k8.values, flash4.transpose_fp8_v(v8).values, out, lse,
         tile_descales(q8, batch, heads, n_q), tile_descales(k8, batch, kv_heads, n_k),
         tile_descales(v8, batch, kv_heads, n_k), head_dim**-0.5 * LOG2_E, device_sms(0),
+        tile_counter(entry.config, q8.values.device),
     )
     torch.cuda.synchronize()
     return out, lse
@@ -302,6 +303,20 @@ def test_head_clusters_change_no_bit(head_dim, causal, with_lse, seqlen):
     q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
     want, want_lse = _run_variant(q8, k8, v8, causal, with_lse)
     out, lse = _run_variant(q8, k8, v8, causal, with_lse, kv_multicast=True, cluster_heads=True)
+    assert not want.isnan().any() and torch.equal(out, want)
+    assert lse is None or torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
+@pytest.mark.parametrize("seqlen", (1100, 4113))
+def test_candidate_dynamic_tiles_changes_no_bit(head_dim, with_lse, seqlen):
+    # Causal persistent FP8 grids taking their tiles from a counter at run time
+    # (dynamic_tiles): each tile runs as in the pairs' order, on another CTA, so the
+    # table's bits.
+    q8, k8, v8 = _variant_inputs(head_dim, True, seqlen)
+    want, want_lse = _run_variant(q8, k8, v8, True, with_lse)
+    out, lse = _run_variant(q8, k8, v8, True, with_lse, dynamic_tiles=True)
     assert not want.isnan().any() and torch.equal(out, want)
     assert lse is None or torch.equal(lse, want_lse)
 

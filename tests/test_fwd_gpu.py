@@ -141,7 +141,7 @@ def _run_config_variant(q, k, v, causal, **changes):
     poisoned beforehand, every row checked as written."""
     import dataclasses
 
-    from flash4.compiler import compiled_forward
+    from flash4.compiler import compiled_forward, tile_counter
     from flash4.dispatch import select
     from flash4.devices import device_sms
     from flash4.interface import LOG2_E
@@ -151,7 +151,7 @@ def _run_config_variant(q, k, v, causal, **changes):
     entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
     out = torch.full_like(q, math.nan)
     lse = torch.full((batch, heads, seqlen_q), math.nan, device="cuda")
-    compiled_forward(entry)(q, k, v, out, lse, head_dim**-0.5 * LOG2_E, device_sms(0))
+    compiled_forward(entry)(q, k, v, out, lse, head_dim**-0.5 * LOG2_E, device_sms(0), tile_counter(entry.config, q.device))
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any(), "some output row was never written"
     return out, lse
@@ -379,6 +379,28 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 1100), (1100, 700), (17, 1000), (1000, 17), (4096, 128), (3000, 3000))
+)
+def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, seqlen_k):
+    # Causal persistent grids taking their tiles from a counter at run time (dynamic_tiles)
+    # instead of dealing pairs: each tile's work is the same, only its CTA differs, so the
+    # same bits; with 4 * 8 heads every CTA takes several tiles, including tiles that see
+    # no key (1000 queries on 17 keys, 4096 on 128; at head dim 256 they still store O
+    # through Q's buffer) and an odd number of query blocks (1100). Run twice: the counter
+    # starts from 0 in each launch.
+    seed = hash(("dynamic", head_dim, warpgroups, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    tiles = dict(consumer_warpgroups=warpgroups, persistent=True)
+    if head_dim == 256:
+        tiles.update(q_stages=1)
+    want, want_lse = _run_config_variant(q, k, v, True, **tiles)
+    for _ in range(2):
+        out, lse = _run_config_variant(q, k, v, True, dynamic_tiles=True, **tiles)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
