@@ -26,6 +26,17 @@ SHORT_TILE_N_256 = 64
 KV_MULTICAST_MIN_SEQLEN = {(128, False): 16384, (256, False): 4096, (128, True): 8192, (256, True): 8192}
 # Causal with clusters, from this query length on one tile per CTA beats a persistent grid.
 CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
+# Causal persistent grids, from these query lengths on (by head dim), take their tiles at
+# run time, longest first within sections of heads (dynamic_tiles), instead of long-short
+# pairs dealt out in turn. H200, three rounds, --control, medians, the table's two copies
+# against it (-fwd-sweep-dynamic{,-confirm}.json): head dim 64 at 2k / 4k / 8k / 16k 374/375
+# and 377/377 -> 377 and 385, 433/428 and 433/431 -> 440 and 445, 468/466 and 472/469 -> 488
+# and 487, 489/487 -> 506 (flash-attn-4 368, 425, 477-481, 499); 128 at 4k 560/568 and
+# 571/566 -> 574 and 578, at 2k 504/513 and 518/520 -> 518 and 519. Lost at 1k (d64 tied,
+# d128 451/442 -> 439: the counter's zeroing and a ticket a tile weigh on short calls) and
+# at head dim 256 (1k 445/441 -> 436, 4k 599/595 -> 593: a section's K and V, 1 MiB an
+# entry at 1k, outgrow L2). Head dim 128 from 8k keeps its clusters.
+DYNAMIC_TILES_MIN_SEQLEN = {64: 2048, 128: 4096}
 # Causal under grouped-query attention with an even number of query heads per K/V head:
 # from these query lengths on (by head dim), every 16-bit row runs with clusters of two
 # query heads of one K/V head sharing K and V by multicast (cluster_heads; see select).
@@ -144,6 +155,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         yield KV_MULTICAST_MIN_SEQLEN[128, False], replace(base, kv_multicast=True)
     elif head_dim == 128:
         yield 1, base
+        yield DYNAMIC_TILES_MIN_SEQLEN[128], replace(base, dynamic_tiles=True)
         yield KV_MULTICAST_MIN_SEQLEN[128, True], replace(base, kv_multicast=True)
         # One tile per CTA (one Q slot, O staged in Q's buffer), which clusters allow.
         one_tile = replace(base, persistent=False, q_stages=1, o_store_per_warpgroup=False)
@@ -152,7 +164,8 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         yield 1, replace(base, consumer_warpgroups=3)
     else:
         yield 1, base
-        yield 4096, replace(base, consumer_warpgroups=3)
+        yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(base, dynamic_tiles=True)
+        yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True)
 
 
 def _sm90_rows() -> Iterable[KernelEntry]:
@@ -246,7 +259,14 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # 1209/1296, causal 1080/1242 -> 1095/1246). Not taken there: head dim 128's short-row tile
 # at every length (full 1000/1058 -> 983/1023 at 4k / 16k), Q in registers at 64 (within
 # 1%).
+#
+# Tenth (2026-11-30, three rounds, --control, 1k / 4k / 16k, the kernels without an LSE;
+# -fp8-sweep-dynamic.json): causal tiles taken at run time (dynamic_tiles, as the 16-bit
+# rows above), medians, the table's two copies against it: head dim 64 4k 629/624 -> 636,
+# 16k 745/736 -> 762; 128 4k 868/875 -> 883, 16k 974/944 -> 992; lost at 1k (64 418/418 ->
+# 401, 128 648/647 -> 614) and at head dim 256 (1k 781/771 -> 725, 16k 1214/1204 -> 1196).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
+_DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
@@ -258,13 +278,13 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
     (64, True): (
         (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
-        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS)),
+        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
     ),
     (128, False): (
         (1, _D128_Q_IN_REGISTERS),
         (4096, dict(tile_n=96, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),
     ),
-    (128, True): ((1, _D128_Q_IN_REGISTERS),),
+    (128, True): ((1, _D128_Q_IN_REGISTERS), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
 }
@@ -354,7 +374,8 @@ def _with_head_clusters(entry: KernelEntry) -> KernelEntry:
     4k / 16k 453/455 -> 459, 505/500 -> 514. Tied at 1k (all three), at 2k at head dim 128
     (560/567 -> 567) and unmasked (d128 4k 651/648 -> 651, d256 16k 746/745 -> 751, d64 4k
     513/511 -> 518), where the table keeps its rows."""
-    return replace(entry, config=replace(entry.config, kv_multicast=True, cluster_heads=True))
+    # A persistent grid shares out whole clusters' tiles in turn: no dynamic order there.
+    return replace(entry, config=replace(entry.config, kv_multicast=True, cluster_heads=True, dynamic_tiles=False))
 
 
 # (arch, dtype, head dim, row's min_seqlen_q) -> the causal row with head clusters.
