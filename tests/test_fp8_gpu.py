@@ -264,6 +264,10 @@ def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
     batch, seqlen_q, heads, head_dim = q8.values.shape
     seqlen_k, kv_heads = k8.values.shape[1:3]
     entry = select("sm_90a", FP8_DTYPE, head_dim, causal, seqlen_q)
+    if "dynamic_tiles" not in changes and (changes.get("kv_multicast") or changes.get("persistent") is False):
+        # Clusters share out tiles in turn (as select() runs them), and a one-tile grid has
+        # no order to choose: no dynamic one.
+        changes = dict(dynamic_tiles=False, **changes)
     entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
     n_q, n_k = -(-seqlen_q // entry.config.tile_m), -(-seqlen_k // entry.config.tile_n)
     poison_allocator()

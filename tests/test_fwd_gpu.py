@@ -148,6 +148,10 @@ def _run_config_variant(q, k, v, causal, **changes):
 
     batch, seqlen_q, heads, head_dim = q.shape
     entry = select("sm_90a", str(q.dtype).removeprefix("torch."), head_dim, causal, seqlen_q)
+    if "dynamic_tiles" not in changes and (changes.get("kv_multicast") or changes.get("persistent") is False):
+        # Clusters share out tiles in turn (as select() runs them), and a one-tile grid has
+        # no order to choose: no dynamic one.
+        changes = dict(dynamic_tiles=False, **changes)
     entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, **changes))
     out = torch.full_like(q, math.nan)
     lse = torch.full((batch, heads, seqlen_q), math.nan, device="cuda")
