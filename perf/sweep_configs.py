@@ -189,7 +189,11 @@ from flash4.interface import LOG2_E
 # 464/622 -> 366/580. Its rounds spread every entry's tiles over the grid at once: at d128 1k
 # 132 entries' K and V (66 MB) against the pairs' ~33 (17 MB) in 50 MB of L2. L2 locality
 # outweighs the tail; a balanced order must keep each round's tiles within a few entries.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {hdim: [dict(), dict(dynamic_tiles=True)] for hdim in (64, 128, 256)}
+# Taken (2026-11-30, three rounds, --control; -fwd-sweep-dynamic{,-confirm}.json; 28 GPU
+# tests bit-identical to the pairs, twice each): causal persistent grids taking their tiles
+# at run time, longest first within sections of heads (dynamic_tiles), at head dim 64 from
+# 2k and 128 at 4k (flash4/dispatch.py, DYNAMIC_TILES_MIN_SEQLEN, has the numbers).
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
@@ -469,7 +473,9 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # clusters (cuDNN FP8), 4k / 16k: d128 923/915 -> 957 (820), 1016/1006 -> 1042 (870); d256
 # 1125/1115 -> 1113 (974), 1260/1260 -> 1264 (928); d64 636/635 -> 622 (501), 761/763 ->
 # 745 (555). Unmasked and below 4k not swept.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(dynamic_tiles=True)] for h in (64, 128, 256)}
+# Taken (2026-11-30; -fp8-sweep-dynamic.json): dynamic_tiles at head dims 64 and 128 from 4k
+# (flash4/dispatch.py, the tenth sweep).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
