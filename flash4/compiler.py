@@ -103,7 +103,8 @@ def _fake_tile_counter(config: Any) -> Any:
 
 def tile_counter(config: Any, device: Any) -> Any:
     """The zeroed int32 counter a ``dynamic_tiles`` kernel hands its tiles out by (one a
-    launch; graph capture records the zeroing with it), or None for the others."""
+    launch, zeroed on the current stream before it; graph capture records the zeroing with
+    the kernel), or None for the others."""
     import torch
 
     return torch.zeros(1, dtype=torch.int32, device=device) if config.dynamic_tiles else None

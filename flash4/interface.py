@@ -10,18 +10,19 @@ import torch
 from flash4.autograd import AttentionFunction
 from flash4.backward import check_backward_supported
 from flash4.checks import AttentionProblem, check_attention_args
-from flash4.compiler import compiled_forward
+from flash4.compiler import compiled_forward, tile_counter
 from flash4.devices import device_arch, device_sms, on_device
 from flash4.dispatch import select
+from flash4.kernels.configs import Sm90ForwardConfig
 
 # exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
 LOG2_E = math.log2(math.e)
 
 # (device index, dtype, head dim, causal, row's min_seqlen_q, clusters of heads, writes LSE)
-# -> compiled kernel, and whether it takes a tile counter (dynamic_tiles).
+# -> compiled kernel, and the row's configuration (whether it takes a tile counter).
 # Everything in the key is static, so shapes and scales never recompile; plain values keep
 # the lookup cheap (hashing the nested dataclasses of a row is not).
-_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], tuple[Callable[..., Any], bool]] = {}
+_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], tuple[Callable[..., Any], Sm90ForwardConfig]] = {}
 
 
 def flash_attn_func(
@@ -145,7 +146,9 @@ def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> tuple[Callable[..., Any], bool]:
+def _kernel(
+    device_index: int, problem: AttentionProblem, with_lse: bool
+) -> tuple[Callable[..., Any], Sm90ForwardConfig]:
     entry = select(
         device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q,
         problem.group_size,
@@ -156,16 +159,14 @@ def _kernel(device_index: int, problem: AttentionProblem, with_lse: bool) -> tup
     )
     kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[key] = (compiled_forward(entry, with_lse), entry.config.dynamic_tiles)
+        kernel = _KERNELS[key] = (compiled_forward(entry, with_lse), entry.config)
     return kernel
 
 
 def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
     device = q.device
-    kernel, dynamic = _kernel(device.index, problem, lse is not None)
+    kernel, config = _kernel(device.index, problem, lse is not None)
     scale_log2 = problem.softmax_scale * LOG2_E
     sms = device_sms(device.index)
     with on_device(device):
-        # A dynamic grid's tile counter, zeroed on the stream before the launch.
-        counter = torch.zeros(1, dtype=torch.int32, device=device) if dynamic else None
-        kernel(q, k, v, out, lse, scale_log2, sms, counter)
+        kernel(q, k, v, out, lse, scale_log2, sms, tile_counter(config, device))

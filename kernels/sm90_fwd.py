@@ -483,18 +483,18 @@ class Sm90ForwardKernel:
             pingpong.start()
         q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
-        tile = (tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, descales, tma_atom_O, scheduler, seqlen_q, seqlen_k,
-                softmax_scale_log2, pingpong, warpgroup_idx, tidx)
+        tile_args = (tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, descales, tma_atom_O, scheduler, seqlen_q,
+                     seqlen_k, softmax_scale_log2, pingpong, warpgroup_idx, tidx)
         if cutlass.const_expr(self.config.dynamic_tiles):
             position, tile_state = queue.pop(tile_queue.consumer_state())
             while position < scheduler.end():
-                q_state, kv_state = self.consume_tile(*tile, position, q_state, kv_state)
+                q_state, kv_state = self.consume_tile(*tile_args, position, q_state, kv_state)
                 position, tile_state = queue.pop(tile_state)
         else:
             position = scheduler.first()
             while position < scheduler.end():
                 if scheduler.valid(position):
-                    q_state, kv_state = self.consume_tile(*tile, position, q_state, kv_state)
+                    q_state, kv_state = self.consume_tile(*tile_args, position, q_state, kv_state)
                 position = scheduler.next(position)
         # Shared memory must outlive the TMA engine's reads of the last O tile.
         if self.stores_o(tidx):

@@ -90,4 +90,3 @@ def producer_state() -> cpipe.PipelineState:
 
 def consumer_state() -> cpipe.PipelineState:
     return cpipe.make_pipeline_state(cpipe.PipelineUserType.Consumer, TILE_QUEUE_STAGES)
-

@@ -320,10 +320,12 @@ def test_select_pairs_heads_only_for_causal_even_groups(dtype, head_dim):
                 paired = causal and group % 2 == 0 and seqlen_q >= start
                 assert row.config.cluster_heads == paired, (seqlen_q, causal, group)
                 assert row.config.kv_multicast == (paired or alone.config.kv_multicast)
-                # The row's other settings and its place in the table stay.
+                # The row's other settings and its place in the table stay, but for its
+                # dynamic order: clusters share out tiles in turn.
                 assert row.min_seqlen_q == alone.min_seqlen_q
                 assert row.config == dataclasses.replace(
-                    alone.config, kv_multicast=row.config.kv_multicast, cluster_heads=paired
+                    alone.config, kv_multicast=row.config.kv_multicast, cluster_heads=paired,
+                    dynamic_tiles=alone.config.dynamic_tiles and not paired,
                 )
 
 
@@ -343,7 +345,8 @@ def test_select_fp8_pairs_heads_only_where_measured_with_v_per_tensor(head_dim):
                     assert row.config.cluster_heads == paired, (seqlen_q, causal, v_per_tensor, group)
                     assert row.min_seqlen_q == alone.min_seqlen_q
                     assert row.config == dataclasses.replace(
-                        alone.config, kv_multicast=paired or alone.config.kv_multicast, cluster_heads=paired
+                        alone.config, kv_multicast=paired or alone.config.kv_multicast, cluster_heads=paired,
+                        dynamic_tiles=alone.config.dynamic_tiles and not paired,
                     )
 
 
