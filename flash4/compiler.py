@@ -104,10 +104,13 @@ def _fake_tile_counter(config: Any) -> Any:
 def tile_counter(config: Any, device: Any) -> Any:
     """The zeroed int32 counter a ``dynamic_tiles`` kernel hands its tiles out by (one a
     launch, zeroed on the current stream before it; graph capture records the zeroing with
-    the kernel), or None for the others."""
+    the kernel), or None for the others. Runs on every launch: the rows without a counter
+    return before anything else."""
+    if not config.dynamic_tiles:
+        return None
     import torch
 
-    return torch.zeros(1, dtype=torch.int32, device=device) if config.dynamic_tiles else None
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def _kernel(entry: KernelEntry) -> Any:
