@@ -33,6 +33,14 @@ Q_IN_REGISTERS_MAX_HEAD_DIM = 128
 ROW_SUM_COLUMNS = 8
 # Query blocks per cluster with kv_multicast: the smallest cluster that shares a load.
 KV_MULTICAST_CTAS = 2
+# A wgmma accumulator gives each warp of a warpgroup 16 consecutive rows of its 64.
+ROWS_PER_WARP = 16
+# masked_column_slices: the first key block is cut into this many slices of columns, and a
+# warp runs its softmax over the leading slices some row of it can see (a switch over
+# this many compiled versions of the first block's softmax).
+MASKED_COLUMN_SLICES = 4
+# wgmma's accumulator holds columns in groups of 8 (two per thread of a quad).
+ACC_COLUMN_GROUP = 8
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
 BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
@@ -131,6 +139,14 @@ class Sm90ForwardConfig:
     # the launch takes a zeroed int32 counter), instead of long-short pairs dealt out in
     # turn, whose whole units leave a partial last round of the grid idle.
     dynamic_tiles: bool = False
+    # The first (highest) key block of a tile, which the causal diagonal and seqlen_k's
+    # tail cut: each warp computes the exponentials of only the leading slices of its
+    # columns (MASKED_COLUMN_SLICES of them) that some row of the warp can see, and sets P
+    # to 0 in the rest. On the diagonal of a 128 x 128 tile its 16-row warps see 16 to 128
+    # keys, so the first block's MUFU.EX2 count drops to 5/8. That block runs before any
+    # GEMM of the tile can overlap it. The same bits: masked scores are exp2(-inf) = 0.
+    # 16-bit only.
+    masked_column_slices: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -208,6 +224,12 @@ class Sm90ForwardConfig:
             raise ValueError(
                 "dynamic_tiles=True: only causal (unmasked tiles are all as long) and persistent, without "
                 "kv_multicast (its grids share out whole clusters' blocks)"
+            )
+        if self.masked_column_slices and (self.fp8 or self.tile_n % (MASKED_COLUMN_SLICES * ACC_COLUMN_GROUP)):
+            raise ValueError(
+                f"masked_column_slices=True: 16-bit only (fp8=False) and tile_n a multiple of "
+                f"{MASKED_COLUMN_SLICES * ACC_COLUMN_GROUP} (slices of whole 8-column groups); got fp8={self.fp8}, "
+                f"tile_n={self.tile_n}"
             )
         if self.cluster_heads and not self.kv_multicast:
             raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")

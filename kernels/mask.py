@@ -23,6 +23,7 @@ def mask_scores(
     seqlen_q: Int32,
     seqlen_k: Int32,
     causal: cutlass.Constexpr[bool],
+    cols: cutlass.Constexpr = None,
 ) -> None:
     """Set to -inf every score whose key is out of range for its query.
 
@@ -30,7 +31,8 @@ def mask_scores(
     ``coords0`` thread 0's. An MMA layout is affine in (thread, value), so every element's
     coordinate is thread 0's (known at compile time) plus this thread's offset: the limits
     are shifted by the offset once, and each element compares a constant against them.
-    ``row0`` and ``col0`` place the tile.
+    ``row0`` and ``col0`` place the tile. ``cols``: mask only the first that many columns
+    of the ``acc_rows_cols`` view (the caller overwrites the rest).
     """
     s = acc_rows_cols(acc_s)
     c = acc_rows_cols(coords)
@@ -43,7 +45,7 @@ def mask_scores(
         if cutlass.const_expr(causal):
             row = row_offset + c0[r, 0][0]
             limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q - col0 - c[0, 0][1])
-        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(s, mode=[1]) if cutlass.const_expr(cols is None) else cols):
             # A select, not a branch: a conditional store into the register fragment
             # compiles to selects over the whole fragment.
             s[r, j] = -Float32.inf if c0[r, j][1] >= limit else s[r, j]

@@ -26,6 +26,14 @@ def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, view))
 
 
+def leading_columns(rows_cols: cute.Tensor, cols: int) -> cute.Tensor:
+    """The first ``cols`` columns of an ``acc_rows_cols`` view, as a (rows, cols) tensor.
+    Column j of that view is key 8 * (j // 2) + j % 2 of thread 0, so whole 8-key groups
+    when ``cols`` is even."""
+    rows = cute.size(rows_cols, mode=[0])
+    return cute.make_tensor(rows_cols.iterator, cute.composition(rows_cols.layout, cute.make_layout((rows, cols))))
+
+
 def acc_as_a_operand(acc: cute.Tensor) -> cute.Tensor:
     """View of a 16-bit accumulator as the register A operand of the next wgmma.
 

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .e4m3_codes import CODES_PER_OCTAVE, code_base
-from .mma_layouts import acc_rows_cols
+from .mma_layouts import acc_rows_cols, leading_columns
 
 # The four threads of a quad hold the columns of one accumulator row.
 THREADS_PER_ROW = 4
@@ -41,19 +41,28 @@ class OnlineSoftmax:
 
     @cute.jit
     def update(
-        self, acc_s: cute.Tensor, block, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+        self, acc_s: cute.Tensor, block, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool],
+        live_cols: cutlass.Constexpr = None,
     ) -> cute.Tensor:
         """Turn the scores of a key block (``block``: its ``block_inputs``) into unnormalised
         probabilities in place; return each row's factor ``exp2((m_old - m_new) *
         scale_log2)`` for rescaling O. Only a ``masked`` block can leave a row with no
-        finite score."""
+        finite score. ``live_cols``: only the first that many columns of
+        ``acc_rows_cols(acc_s)`` may hold a finite score; the others get P = 0 with no
+        exponential, and the row sums still add every column, in the same order, so the
+        result is bit for bit that of the whole block."""
         s = acc_rows_cols(acc_s)
+        live = s if cutlass.const_expr(live_cols is None) else leading_columns(s, live_cols)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
-            row = s[r, None].load()
+            row = live[r, None].load()
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
             p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
-            s[r, None].store(p)
+            live[r, None].store(p)
+            if cutlass.const_expr(live_cols is not None):
+                for j in cutlass.range_constexpr(live_cols, cute.size(s, mode=[1])):
+                    s[r, j] = Float32(0.0)
+                p = s[r, None].load()
             if cutlass.const_expr(is_first or not self.sum_from_rescaled):
                 partial = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(is_first):

@@ -64,7 +64,9 @@ from ..pipelines.tma_pipeline import (
     producer_state,
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
+from .configs import (
+    MASKED_COLUMN_SLICES, ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig,
+)
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
@@ -735,8 +737,16 @@ class Sm90ForwardKernel:
         block = softmax.block_inputs(n_block)
         warpgroup.wait_group(0)
         rings.k.consumer_release(state)
-        self.mask(acc_s, ops, tile, n_block)
-        softmax.update(acc_s, block, is_first=True, masked=True)
+        if cutlass.const_expr(self.config.masked_column_slices):
+            # One compiled softmax per count of leading slices the warp can see; the switch
+            # is uniform over the warp, the only unit the softmax's shuffles span.
+            slices = self.live_column_slices(ops, tile, n_block)
+            slice_cols = cute.size(acc_rows_cols(acc_s), mode=[1]) // MASKED_COLUMN_SLICES
+            for count in cutlass.range_constexpr(1, MASKED_COLUMN_SLICES + 1):
+                if slices == count:
+                    self.first_softmax(acc_s, ops, tile, n_block, softmax, block, count * slice_cols)
+        else:
+            self.first_softmax(acc_s, ops, tile, n_block, softmax, block)
         self.store_p(acc_s, ops.p)
 
         # Blocks that cross the diagonal keep the causal mask; the rest run without.
@@ -818,11 +828,43 @@ class Sm90ForwardKernel:
         warpgroup.commit_group()
 
     @cute.jit
-    def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> None:
+    def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32, cols=None) -> None:
         mask_scores(
             acc_s, ops.coords, ops.coords0, tile.m_block * self.tile_m, n_block * self.tile_n,
-            tile.seqlen_q, tile.seqlen_k, self.causal,
+            tile.seqlen_q, tile.seqlen_k, self.causal, cols,
         )
+
+    @cute.jit
+    def first_softmax(
+        self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32, softmax: OnlineSoftmax, block,
+        live_cols: cutlass.Constexpr = None,
+    ) -> None:
+        """The first key block's mask and softmax (over its first ``live_cols`` columns of
+        ``acc_rows_cols``, if given). A method of the kernel so that the switch over
+        ``live_cols`` carries no Python object through its runtime branches."""
+        self.mask(acc_s, ops, tile, n_block, live_cols)
+        if cutlass.const_expr(live_cols is None):
+            softmax.update(acc_s, block, is_first=True, masked=True)
+        else:
+            softmax.update(acc_s, block, is_first=True, masked=True, live_cols=live_cols)
+
+    @cute.jit
+    def live_column_slices(self, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> Int32:
+        """How many of key block ``n_block``'s MASKED_COLUMN_SLICES column slices hold a key
+        that some row of this thread's warp sees: from 1 (a warp that sees none still runs
+        one, which the mask fills with -inf) to all. Uniform over the warp."""
+        this_row = acc_rows_cols(ops.coords)[0, 0][0]
+        warp_last_row = this_row // ROWS_PER_WARP * ROWS_PER_WARP + ROWS_PER_WARP - 1
+        key_end = tile.seqlen_k
+        if cutlass.const_expr(self.causal):
+            key_end = cutlass.min(
+                key_end, tile.m_block * self.tile_m + warp_last_row + 1 + tile.seqlen_k - tile.seqlen_q
+            )
+        slice_keys = self.tile_n // MASKED_COLUMN_SLICES
+        # Keys of the block the warp sees, kept >= 0 so the division rounds up.
+        live_keys = cutlass.max(key_end - n_block * self.tile_n, 0)
+        slices = cutlass.min(cutlass.max((live_keys + slice_keys - 1) // slice_keys, 1), MASKED_COLUMN_SLICES)
+        return cute.arch.make_warp_uniform(slices)
 
     @cute.jit
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:

@@ -46,6 +46,9 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         # Q in registers stops where Q and O's accumulator no longer fit together.
         (dict(head_dim=256, tile_n=64, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
         (dict(head_dim=256, tile_n=128, fp8=True, q_in_registers=True), "q_in_registers=True: head_dim up to 128"),
+        # Column slices of the first block are whole 8-column groups, in the 16-bit softmax.
+        (dict(head_dim=256, tile_n=80, masked_column_slices=True), "masked_column_slices=True: .*tile_n a multiple of 32"),
+        (dict(head_dim=128, tile_n=128, fp8=True, masked_column_slices=True), "masked_column_slices=True: 16-bit only"),
         # A dynamic order hands out causal tiles of a persistent grid, one CTA's at a time.
         (dict(head_dim=128, tile_n=128, persistent=True, dynamic_tiles=True), "dynamic_tiles=True: only causal"),
         (dict(head_dim=128, tile_n=128, causal=True, dynamic_tiles=True), "dynamic_tiles=True: .*persistent"),

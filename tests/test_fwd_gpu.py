@@ -407,6 +407,28 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, 
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (1100, 700), (700, 1100), (17, 1000), (1000, 17), (512, 512))
+)
+def test_candidate_masked_column_slices_changes_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
+    # The first key block's softmax over only the column slices some row of each warp sees
+    # (masked_column_slices): P is 0 in the others, as exp2(-inf) is, and the row sums add
+    # the same values in the same order, so the same bits. Diagonals at every offset
+    # (seqlen_q != seqlen_k, either way), whole key blocks past a warp's rows (17 queries on
+    # 1000 keys), seqlen_k's ragged tail alone (unmasked), rows that see no key (1000 on 17).
+    seed = hash(("masked-column-slices", head_dim, warpgroups, causal, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    tiles = dict(consumer_warpgroups=warpgroups)
+    if head_dim == 256:
+        # Its 80-key blocks do not cut into 8-column-group slices; 64-key ones do.
+        tiles.update(tile_n=64)
+    want, want_lse = _run_config_variant(q, k, v, causal, **tiles)
+    out, lse = _run_config_variant(q, k, v, causal, masked_column_slices=True, **tiles)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 
 
