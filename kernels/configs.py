@@ -147,6 +147,13 @@ class Sm90ForwardConfig:
     # GEMM of the tile can overlap it. The same bits: masked scores are exp2(-inf) = 0.
     # 16-bit only.
     masked_column_slices: bool = False
+    # Causal: a consumer warpgroup none of whose 64 rows sees a key of the tile's first
+    # (highest) key block skips that block's S GEMM and takes its scores as -inf (P = 0).
+    # Where blocks are narrower than the tile (head dim 256's 64 and 80 keys against 128
+    # rows) the first warpgroup sees no key of the diagonal's top block in most tiles: half
+    # of that block's S GEMM is waste. No other wgmma is in flight there, so the branch
+    # around it leaves the GEMMs pipelined. The same bits.
+    skip_unseen_first_block: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -231,6 +238,8 @@ class Sm90ForwardConfig:
                 f"{MASKED_COLUMN_SLICES * ACC_COLUMN_GROUP} (slices of whole 8-column groups); got fp8={self.fp8}, "
                 f"tile_n={self.tile_n}"
             )
+        if self.skip_unseen_first_block and not self.causal:
+            raise ValueError("skip_unseen_first_block=True: only causal (every row of an unmasked tile sees each block)")
         if self.cluster_heads and not self.kv_multicast:
             raise ValueError("cluster_heads=True: only with kv_multicast=True (it says which CTAs share K and V)")
         if self.fp8 and self.tile_n % FP8_MMA_K:

@@ -733,9 +733,16 @@ class Sm90ForwardKernel:
         n_block = tile.n_block_max - 1
         rings.k.consumer_wait(state)
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
-        warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
-        block = softmax.block_inputs(n_block)
-        warpgroup.wait_group(0)
+        if cutlass.const_expr(self.config.skip_unseen_first_block):
+            acc_s.fill(-Float32.inf)
+            if self.warpgroup_sees_block(ops, tile, n_block):
+                warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+                warpgroup.wait_group(0)
+            block = softmax.block_inputs(n_block)
+        else:
+            warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+            block = softmax.block_inputs(n_block)
+            warpgroup.wait_group(0)
         rings.k.consumer_release(state)
         if cutlass.const_expr(self.config.masked_column_slices):
             # One compiled softmax per count of leading slices the warp can see; the switch
@@ -847,6 +854,15 @@ class Sm90ForwardKernel:
             softmax.update(acc_s, block, is_first=True, masked=True)
         else:
             softmax.update(acc_s, block, is_first=True, masked=True, live_cols=live_cols)
+
+    @cute.jit
+    def warpgroup_sees_block(self, ops: ConsumerOperands, tile: Tile, n_block: Int32):
+        """Whether some row of this thread's warpgroup sees a key of causal block ``n_block``
+        (uniform over the warpgroup)."""
+        this_row = acc_rows_cols(ops.coords)[0, 0][0]
+        last_row = this_row // ROWS_PER_CONSUMER_WARPGROUP * ROWS_PER_CONSUMER_WARPGROUP + ROWS_PER_CONSUMER_WARPGROUP - 1
+        last_key = tile.m_block * self.tile_m + last_row + tile.seqlen_k - tile.seqlen_q
+        return cute.arch.make_warp_uniform(last_key) >= n_block * self.tile_n
 
     @cute.jit
     def live_column_slices(self, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> Int32:

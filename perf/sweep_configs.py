@@ -194,7 +194,9 @@ from flash4.interface import LOG2_E
 # at run time, longest first within sections of heads (dynamic_tiles), at head dim 64 from
 # 2k and 128 at 4k (flash4/dispatch.py, DYNAMIC_TILES_MIN_SEQLEN, has the numbers).
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    h: [dict(), dict(masked_column_slices=True)] for h in (64, 128, 256)
+    64: [dict(), dict(masked_column_slices=True)],
+    128: [dict()],
+    256: [dict(), dict(skip_unseen_first_block=True), dict(skip_unseen_first_block=True, masked_column_slices=True)],
 }
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:

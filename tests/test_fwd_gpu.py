@@ -429,6 +429,30 @@ def test_candidate_masked_column_slices_changes_no_bit(head_dim, warpgroups, cau
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize(
+    "head_dim,tiles",
+    ((64, {}), (128, {}), (256, dict(tile_n=64)), (256, dict(tile_n=80)), (256, dict(tile_n=80, persistent=False)),
+     (256, dict(tile_n=80, persistent=False, kv_multicast=True))),
+    ids=("64", "128", "256-n64", "256-n80", "256-one-tile", "256-multicast"),
+)
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (1100, 700), (700, 1100), (17, 1000), (1000, 17), (512, 512))
+)
+def test_candidate_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqlen_k):
+    # Causal: a warpgroup that sees no key of its tile's first block skips that block's S
+    # GEMM (skip_unseen_first_block) and takes -inf scores, which the masked GEMM's would
+    # have been: the same bits. 64- and 80-key blocks under 128-row tiles (the first
+    # warpgroup misses the diagonal's top block), persistent or not, clusters whose first
+    # CTA masks whole blocks, diagonals at every offset, rows that see no key at all.
+    seed = hash(("skip-unseen", head_dim, tuple(tiles.items()), seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    if tiles.get("persistent") is False:
+        tiles = dict(tiles, q_stages=1, o_store_per_warpgroup=False)
+    want, want_lse = _run_config_variant(q, k, v, True, **tiles)
+    out, lse = _run_config_variant(q, k, v, True, skip_unseen_first_block=True, **tiles)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 
 
