@@ -133,6 +133,19 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       599-604). Lost or tied at 2k (d256 546/544 -> 534, d128 535/532 -> 525) and 4k (d256
       611/612 -> 624, then 609/617 -> 615; d128 577/586 -> 573, 582/584 -> 576), and tied
       at 16k against the one-tile clusters (d256 708/704 -> 704, d128 639/639 -> 637).
+    - Causal, the tile's first key block (the diagonal's top) cut where rows cannot see it
+      (2026-11-30, three rounds, --control; -fwd-sweep-masked-column-slices.json,
+      -fwd-sweep-first-block.json; medians, the table's two copies against the candidate).
+      Head dim 64, its softmax over only the 32-key slices each warp sees
+      (masked_column_slices), at 512 / 1k / 2k in two sweeps: 253/255 -> 260 and 255/255 ->
+      260, 328/326 -> 338 and 323/318 -> 334, 387/382 -> 397 and 391/384 -> 398 (cuDNN
+      259/328/374); tied on the 192-row tiles from 4k (450/449 -> 449, 497/496 -> 496,
+      511/511 -> 512). Head dim 128 lost at 512 (363/363 -> 349) and tied at 1k / 2k. Head
+      dim 256, whose 64- and 80-key blocks leave the first warpgroup none of that block's
+      keys in most tiles, skipping its S GEMM there (skip_unseen_first_block), 512 / 1k /
+      2k / 4k / 8k: 330/324 -> 337, 444/449 -> 456, 546/538 -> 553, 607/610 -> 622, 679/675
+      -> 689 (cuDNN 331/435/508/545/579); the one-tile clusters at 16k tied (718/719 ->
+      719). With the column slices as well at 512 / 1k: 335, 459 (not taken).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -142,9 +155,10 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         o_store_per_warpgroup=head_dim == 64 or (head_dim == 128 and causal),
     )
     if head_dim == 256 and causal:
-        yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
-        yield 2048, replace(base, persistent=True)
-        yield KV_MULTICAST_MIN_SEQLEN[256, True], replace(base, persistent=True, kv_multicast=True)
+        skipping = replace(base, skip_unseen_first_block=True)
+        yield 1, replace(skipping, persistent=True, tile_n=SHORT_TILE_N_256)
+        yield 2048, replace(skipping, persistent=True)
+        yield KV_MULTICAST_MIN_SEQLEN[256, True], replace(skipping, persistent=True, kv_multicast=True)
         yield CAUSAL_ONE_TILE_MIN_SEQLEN, replace(base, kv_multicast=True)
     elif head_dim == 256:
         yield 1, replace(base, persistent=True, tile_n=SHORT_TILE_N_256)
@@ -163,8 +177,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     elif not causal:
         yield 1, replace(base, consumer_warpgroups=3)
     else:
-        yield 1, base
-        yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(base, dynamic_tiles=True)
+        sliced = replace(base, masked_column_slices=True)
+        yield 1, sliced
+        yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(sliced, dynamic_tiles=True)
         yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True)
 
 

@@ -193,11 +193,14 @@ from flash4.interface import LOG2_E
 # tests bit-identical to the pairs, twice each): causal persistent grids taking their tiles
 # at run time, longest first within sections of heads (dynamic_tiles), at head dim 64 from
 # 2k and 128 at 4k (flash4/dispatch.py, DYNAMIC_TILES_MIN_SEQLEN, has the numbers).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(masked_column_slices=True)],
-    128: [dict()],
-    256: [dict(), dict(skip_unseen_first_block=True), dict(skip_unseen_first_block=True, masked_column_slices=True)],
-}
+# Taken (2026-11-30, three rounds, --control; -fwd-sweep-masked-column-slices.json,
+# -fwd-sweep-first-block.json; 112 GPU tests bit-identical to the rows without): causal,
+# the first key block's softmax over only the column slices each warp sees
+# (masked_column_slices) at head dim 64 below 4k, and its S GEMM skipped by a warpgroup
+# that sees none of it (skip_unseen_first_block) at head dim 256 below 16k
+# (flash4/dispatch.py has the numbers). Not taken: the slices at head dim 128 (512
+# 363/363 -> 349) and with the skip at 256.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

@@ -412,7 +412,7 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, 
 @pytest.mark.parametrize(
     "seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (1100, 700), (700, 1100), (17, 1000), (1000, 17), (512, 512))
 )
-def test_candidate_masked_column_slices_changes_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
+def test_masked_column_slices_change_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
     # The first key block's softmax over only the column slices some row of each warp sees
     # (masked_column_slices): P is 0 in the others, as exp2(-inf) is, and the row sums add
     # the same values in the same order, so the same bits. Diagonals at every offset
@@ -424,7 +424,7 @@ def test_candidate_masked_column_slices_changes_no_bit(head_dim, warpgroups, cau
     if head_dim == 256:
         # Its 80-key blocks do not cut into 8-column-group slices; 64-key ones do.
         tiles.update(tile_n=64)
-    want, want_lse = _run_config_variant(q, k, v, causal, **tiles)
+    want, want_lse = _run_config_variant(q, k, v, causal, masked_column_slices=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, masked_column_slices=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
@@ -438,7 +438,7 @@ def test_candidate_masked_column_slices_changes_no_bit(head_dim, warpgroups, cau
 @pytest.mark.parametrize(
     "seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (1100, 700), (700, 1100), (17, 1000), (1000, 17), (512, 512))
 )
-def test_candidate_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqlen_k):
+def test_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqlen_k):
     # Causal: a warpgroup that sees no key of its tile's first block skips that block's S
     # GEMM (skip_unseen_first_block) and takes -inf scores, which the masked GEMM's would
     # have been: the same bits. 64- and 80-key blocks under 128-row tiles (the first
@@ -448,7 +448,7 @@ def test_candidate_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqle
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     if tiles.get("persistent") is False:
         tiles = dict(tiles, q_stages=1, o_store_per_warpgroup=False)
-    want, want_lse = _run_config_variant(q, k, v, True, **tiles)
+    want, want_lse = _run_config_variant(q, k, v, True, skip_unseen_first_block=False, **tiles)
     out, lse = _run_config_variant(q, k, v, True, skip_unseen_first_block=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
