@@ -37,6 +37,9 @@ CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
 # at head dim 256 (1k 445/441 -> 436, 4k 599/595 -> 593: a section's K and V, 1 MiB an
 # entry at 1k, outgrow L2). Head dim 128 from 8k keeps its clusters.
 DYNAMIC_TILES_MIN_SEQLEN = {64: 2048, 128: 4096}
+# Head dim 64 causal below 4k: the first key block's softmax in this many column slices of
+# 32 keys, two 16-row warps' worth (masked_column_slices; see _sm90_configs).
+FIRST_BLOCK_SLICES = 4
 # Causal under grouped-query attention with an even number of query heads per K/V head:
 # from these query lengths on (by head dim), every 16-bit row runs with clusters of two
 # query heads of one K/V head sharing K and V by multicast (cluster_heads; see select).
@@ -177,7 +180,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     elif not causal:
         yield 1, replace(base, consumer_warpgroups=3)
     else:
-        sliced = replace(base, masked_column_slices=True)
+        sliced = replace(base, masked_column_slices=FIRST_BLOCK_SLICES)
         yield 1, sliced
         yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(sliced, dynamic_tiles=True)
         yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True)

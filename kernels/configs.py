@@ -35,10 +35,9 @@ ROW_SUM_COLUMNS = 8
 KV_MULTICAST_CTAS = 2
 # A wgmma accumulator gives each warp of a warpgroup 16 consecutive rows of its 64.
 ROWS_PER_WARP = 16
-# masked_column_slices: the first key block is cut into this many slices of columns, and a
-# warp runs its softmax over the leading slices some row of it can see (a switch over
-# this many compiled versions of the first block's softmax).
-MASKED_COLUMN_SLICES = 4
+# Counts of column slices masked_column_slices may cut the first key block into (0: off);
+# each count is that many compiled copies of the block's softmax behind a switch.
+MASKED_COLUMN_SLICE_COUNTS = (0, 2, 4, 8)
 # wgmma's accumulator holds columns in groups of 8 (two per thread of a quad).
 ACC_COLUMN_GROUP = 8
 # The backward's consumer warpgroups: 2 x 240 registers per thread hold its accumulators.
@@ -140,13 +139,13 @@ class Sm90ForwardConfig:
     # turn, whose whole units leave a partial last round of the grid idle.
     dynamic_tiles: bool = False
     # The first (highest) key block of a tile, which the causal diagonal and seqlen_k's
-    # tail cut: each warp computes the exponentials of only the leading slices of its
-    # columns (MASKED_COLUMN_SLICES of them) that some row of the warp can see, and sets P
+    # tail cut, in this many slices of columns (0: not cut): each warp computes the
+    # exponentials of only the leading slices that some row of the warp can see, and sets P
     # to 0 in the rest. On the diagonal of a 128 x 128 tile its 16-row warps see 16 to 128
-    # keys, so the first block's MUFU.EX2 count drops to 5/8. That block runs before any
-    # GEMM of the tile can overlap it. The same bits: masked scores are exp2(-inf) = 0.
-    # 16-bit only.
-    masked_column_slices: bool = False
+    # keys, so in 4 slices the first block's MUFU.EX2 count drops to 5/8. That block runs
+    # before any GEMM of the tile can overlap it. The same bits: masked scores are
+    # exp2(-inf) = 0. 16-bit only.
+    masked_column_slices: int = 0
     # Causal: a consumer warpgroup none of whose 64 rows sees a key of the tile's first
     # (highest) key block skips that block's S GEMM and takes its scores as -inf (P = 0).
     # Where blocks are narrower than the tile (head dim 256's 64 and 80 keys against 128
@@ -232,10 +231,13 @@ class Sm90ForwardConfig:
                 "dynamic_tiles=True: only causal (unmasked tiles are all as long) and persistent, without "
                 "kv_multicast (its grids share out whole clusters' blocks)"
             )
-        if self.masked_column_slices and (self.fp8 or self.tile_n % (MASKED_COLUMN_SLICES * ACC_COLUMN_GROUP)):
+        slices = self.masked_column_slices
+        if slices not in MASKED_COLUMN_SLICE_COUNTS:
+            raise ValueError(f"masked_column_slices={slices}: one of {MASKED_COLUMN_SLICE_COUNTS}")
+        if slices and (self.fp8 or self.tile_n % (slices * ACC_COLUMN_GROUP)):
             raise ValueError(
-                f"masked_column_slices=True: 16-bit only (fp8=False) and tile_n a multiple of "
-                f"{MASKED_COLUMN_SLICES * ACC_COLUMN_GROUP} (slices of whole 8-column groups); got fp8={self.fp8}, "
+                f"masked_column_slices={slices}: 16-bit only (fp8=False) and tile_n a multiple of "
+                f"{slices * ACC_COLUMN_GROUP} (slices of whole 8-column groups); got fp8={self.fp8}, "
                 f"tile_n={self.tile_n}"
             )
         if self.skip_unseen_first_block and not self.causal:

@@ -65,7 +65,7 @@ from ..pipelines.tma_pipeline import (
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import (
-    MASKED_COLUMN_SLICES, ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig,
+    ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig,
 )
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
@@ -748,8 +748,9 @@ class Sm90ForwardKernel:
             # One compiled softmax per count of leading slices the warp can see; the switch
             # is uniform over the warp, the only unit the softmax's shuffles span.
             slices = self.live_column_slices(ops, tile, n_block)
-            slice_cols = cute.size(acc_rows_cols(acc_s), mode=[1]) // MASKED_COLUMN_SLICES
-            for count in cutlass.range_constexpr(1, MASKED_COLUMN_SLICES + 1):
+            slice_count = self.config.masked_column_slices
+            slice_cols = cute.size(acc_rows_cols(acc_s), mode=[1]) // slice_count
+            for count in cutlass.range_constexpr(1, slice_count + 1):
                 if slices == count:
                     self.first_softmax(acc_s, ops, tile, n_block, softmax, block, count * slice_cols)
         else:
@@ -866,7 +867,7 @@ class Sm90ForwardKernel:
 
     @cute.jit
     def live_column_slices(self, ops: ConsumerOperands, tile: Tile, n_block: Int32) -> Int32:
-        """How many of key block ``n_block``'s MASKED_COLUMN_SLICES column slices hold a key
+        """How many of key block ``n_block``'s ``masked_column_slices`` column slices hold a key
         that some row of this thread's warp sees: from 1 (a warp that sees none still runs
         one, which the mask fills with -inf) to all. Uniform over the warp."""
         this_row = acc_rows_cols(ops.coords)[0, 0][0]
@@ -876,10 +877,11 @@ class Sm90ForwardKernel:
             key_end = cutlass.min(
                 key_end, tile.m_block * self.tile_m + warp_last_row + 1 + tile.seqlen_k - tile.seqlen_q
             )
-        slice_keys = self.tile_n // MASKED_COLUMN_SLICES
+        slice_count = self.config.masked_column_slices
+        slice_keys = self.tile_n // slice_count
         # Keys of the block the warp sees, kept >= 0 so the division rounds up.
         live_keys = cutlass.max(key_end - n_block * self.tile_n, 0)
-        slices = cutlass.min(cutlass.max((live_keys + slice_keys - 1) // slice_keys, 1), MASKED_COLUMN_SLICES)
+        slices = cutlass.min(cutlass.max((live_keys + slice_keys - 1) // slice_keys, 1), slice_count)
         return cute.arch.make_warp_uniform(slices)
 
     @cute.jit

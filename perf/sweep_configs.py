@@ -204,7 +204,11 @@ from flash4.interface import LOG2_E
 # on head dim 64's causal row below 2k, now with the column slices: 512 259/260 -> 249, 1k
 # 339/338 -> 334 (cuDNN 259, 324): a ticket a tile and the counter's zeroing outweigh the
 # balance where a tile is 1-8 blocks.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(), dict(masked_column_slices=2), dict(masked_column_slices=8)],
+    128: [dict(), dict(masked_column_slices=2)],
+    256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

@@ -454,20 +454,19 @@ def test_other_row_sum_order_compiles_clean(head_dim):
 
 def test_masked_column_slices_compute_only_their_columns():
     # The first block's softmax compiled once per count of live slices, each taking the
-    # exponentials of its leading slices only: 1 + 2 + 3 + 4 slices of a row's 32 columns
-    # (two rows a thread) against the single whole-row copy, i.e. 6 slices' more a row.
+    # exponentials of its leading slices only: with 4, 1 + 2 + 3 + 4 slices of a row's 32
+    # columns (two rows a thread) against the single whole-row copy, 6 slices' more a row.
     import dataclasses
 
     from flash4.compiler import compile_entry
     from flash4.dispatch import select
-    from flash4.kernels.configs import MASKED_COLUMN_SLICES
-
     entry = select("sm_90a", "bfloat16", 64, True, 1024)
     assert entry.config.masked_column_slices
-    plain = compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, masked_column_slices=False)))
+    plain = compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, masked_column_slices=0)))
     sliced = compile_entry(entry)
-    rows_per_thread, slice_cols = 2, entry.config.tile_n // 4 // MASKED_COLUMN_SLICES
-    extra_slices = sum(range(1, MASKED_COLUMN_SLICES + 1)) - MASKED_COLUMN_SLICES
+    count = entry.config.masked_column_slices
+    rows_per_thread, slice_cols = 2, entry.config.tile_n // 4 // count
+    extra_slices = sum(range(1, count + 1)) - count
     assert sliced.ptx.count("ex2.approx") - plain.ptx.count("ex2.approx") == rows_per_thread * slice_cols * extra_slices
     assert sliced.instructions["wgmma.mma_async"] == plain.instructions["wgmma.mma_async"]
 

@@ -424,8 +424,21 @@ def test_masked_column_slices_change_no_bit(head_dim, warpgroups, causal, seqlen
     if head_dim == 256:
         # Its 80-key blocks do not cut into 8-column-group slices; 64-key ones do.
         tiles.update(tile_n=64)
-    want, want_lse = _run_config_variant(q, k, v, causal, masked_column_slices=False, **tiles)
-    out, lse = _run_config_variant(q, k, v, causal, masked_column_slices=True, **tiles)
+    want, want_lse = _run_config_variant(q, k, v, causal, masked_column_slices=0, **tiles)
+    out, lse = _run_config_variant(q, k, v, causal, masked_column_slices=4, **tiles)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("slices", (2, 8))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (700, 1100), (17, 1000), (1000, 17), (512, 512)))
+def test_candidate_other_slice_counts_change_no_bit(head_dim, slices, seqlen_q, seqlen_k):
+    # The first block cut into halves (one copy of its softmax more) or eighths (16 keys,
+    # one warp's rows on the diagonal) instead of quarters: the same bits as uncut.
+    seed = hash(("slice-counts", head_dim, slices, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    want, want_lse = _run_config_variant(q, k, v, True, masked_column_slices=0, consumer_warpgroups=2)
+    out, lse = _run_config_variant(q, k, v, True, masked_column_slices=slices, consumer_warpgroups=2)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
