@@ -205,8 +205,8 @@ from flash4.interface import LOG2_E
 # 339/338 -> 334 (cuDNN 259, 324): a ticket a tile and the counter's zeroing outweigh the
 # balance where a tile is 1-8 blocks.
 CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(masked_column_slices=2), dict(masked_column_slices=8)],
-    128: [dict(), dict(masked_column_slices=2)],
+    64: [dict(), dict(masked_column_branches=True), dict(masked_column_slices=8, masked_column_branches=True)],
+    128: [dict(), dict(masked_column_slices=4, masked_column_branches=True)],
     256: [dict()],
 }
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
