@@ -146,10 +146,6 @@ class Sm90ForwardConfig:
     # before any GEMM of the tile can overlap it. The same bits: masked scores are
     # exp2(-inf) = 0. 16-bit only.
     masked_column_slices: int = 0
-    # With masked_column_slices: one copy of the first block's softmax, each slice's
-    # exponentials behind a branch uniform over the warp, instead of a copy per count of
-    # live slices (code size: eight copies ran 35% slower than four at head dim 64).
-    masked_column_branches: bool = False
     # Causal: a consumer warpgroup none of whose 64 rows sees a key of the tile's first
     # (highest) key block skips that block's S GEMM and takes its scores as -inf (P = 0).
     # Where blocks are narrower than the tile (head dim 256's 64 and 80 keys against 128
@@ -244,8 +240,6 @@ class Sm90ForwardConfig:
                 f"{slices * ACC_COLUMN_GROUP} (slices of whole 8-column groups); got fp8={self.fp8}, "
                 f"tile_n={self.tile_n}"
             )
-        if self.masked_column_branches and not slices:
-            raise ValueError("masked_column_branches=True: only with masked_column_slices > 0 (the slices it branches over)")
         if self.skip_unseen_first_block and not self.causal:
             raise ValueError("skip_unseen_first_block=True: only causal (every row of an unmasked tile sees each block)")
         if self.cluster_heads and not self.kv_multicast:

@@ -78,29 +78,6 @@ class OnlineSoftmax:
         return row_scale
 
     @cute.jit
-    def update_first_in_slices(self, acc_s: cute.Tensor, live_slices: Int32, slice_count: cutlass.Constexpr[int]) -> None:
-        """``update(acc_s, None, is_first=True, masked=True)`` for a block whose columns of
-        ``acc_rows_cols(acc_s)``, cut into ``slice_count`` slices, are masked for every row
-        of the warp from slice ``live_slices`` on: those slices get P = 0 behind a branch
-        uniform over the warp instead of exponentials. The same bits."""
-        s = acc_rows_cols(acc_s)
-        shift = cute.make_rmem_tensor(self.rows, Float32)
-        for r in cutlass.range_constexpr(self.rows):
-            _, m_safe = self.raise_max(r, s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0), True, True)
-            shift[r] = m_safe * self.scale_log2
-        slices = cute.flat_divide(s, (self.rows, cute.size(s, mode=[1]) // slice_count))
-        for k in cutlass.range_constexpr(slice_count):
-            if cutlass.const_expr(k == 0):
-                _exponentiate(slices[None, None, 0, k], shift, self.scale_log2)
-            else:
-                if live_slices > k:
-                    _exponentiate(slices[None, None, 0, k], shift, self.scale_log2)
-                else:
-                    _zero(slices[None, None, 0, k])
-        for r in cutlass.range_constexpr(self.rows):
-            self.row_sum[r] = s[r, None].load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-
-    @cute.jit
     def raise_max(
         self, r: int, block_max: Float32, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
     ) -> tuple:
@@ -155,20 +132,6 @@ class OnlineSoftmax:
                 else self.row_max[r] * self.scale_log2 * math.log(2.0) + cute.math.log(total, fastmath=True)
             )
         return inv_sum
-
-
-@cute.jit
-def _exponentiate(part: cute.Tensor, shift: cute.Tensor, scale_log2: Float32) -> None:
-    """exp2(s * scale_log2 - shift[row]) in place over a (rows, cols) slice of scores."""
-    for r in cutlass.range_constexpr(cute.size(part, mode=[0])):
-        part[r, None].store(cute.math.exp2(part[r, None].load() * scale_log2 - shift[r], fastmath=True))
-
-
-@cute.jit
-def _zero(part: cute.Tensor) -> None:
-    for r in cutlass.range_constexpr(cute.size(part, mode=[0])):
-        for j in cutlass.range_constexpr(cute.size(part, mode=[1])):
-            part[r, j] = Float32(0.0)
 
 
 # e4m3's largest finite value: FP8 probabilities are scaled onto [0, E4M3_MAX].

@@ -744,11 +744,7 @@ class Sm90ForwardKernel:
             block = softmax.block_inputs(n_block)
             warpgroup.wait_group(0)
         rings.k.consumer_release(state)
-        if cutlass.const_expr(self.config.masked_column_branches):
-            slices = self.live_column_slices(ops, tile, n_block)
-            self.mask(acc_s, ops, tile, n_block)
-            softmax.update_first_in_slices(acc_s, slices, self.config.masked_column_slices)
-        elif cutlass.const_expr(self.config.masked_column_slices):
+        if cutlass.const_expr(self.config.masked_column_slices):
             # One compiled softmax per count of leading slices the warp can see; the switch
             # is uniform over the warp, the only unit the softmax's shuffles span.
             slices = self.live_column_slices(ops, tile, n_block)

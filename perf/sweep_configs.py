@@ -204,11 +204,17 @@ from flash4.interface import LOG2_E
 # on head dim 64's causal row below 2k, now with the column slices: 512 259/260 -> 249, 1k
 # 339/338 -> 334 (cuDNN 259, 324): a ticket a tile and the counter's zeroing outweigh the
 # balance where a tile is 1-8 blocks.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(), dict(masked_column_branches=True), dict(masked_column_slices=8, masked_column_branches=True)],
-    128: [dict(), dict(masked_column_slices=4, masked_column_branches=True)],
-    256: [dict()],
-}
+# Lost (2026-11-30, three rounds, --control; -fwd-sweep-slice-counts.json,
+# -fwd-sweep-slice-branches.json; 32 and 48 GPU tests bit-identical to the block uncut):
+# other cuts of that first block. Medians, table/again -> candidate, causal 512 / 1k / 2k.
+# Halves (one copy of the softmax fewer): d64 261/260 -> 257, 340/339 -> 331, 405/395 ->
+# 396; d128 362/356 -> 358, 463/458 -> 454, 534/525 -> 532. Eighths (16 keys, one warp's
+# rows on the diagonal; eight copies, 5400 instructions against 3400): d64 170, 272, 353,
+# so code size binds there. One copy with each slice's exponentials behind a warp-uniform
+# branch instead of a copy per count (the whole block masked first, 2500 instructions):
+# d64 259/259 -> 251, 340/337 -> 327, 403/392 -> 389, eighths 249 / 324 / 393; d128 quarters
+# 365/367 -> 347, 468/462 -> 455, 535/545 -> 534.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

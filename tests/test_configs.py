@@ -50,7 +50,6 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=256, tile_n=80, masked_column_slices=4), "masked_column_slices=4: .*tile_n a multiple of 32"),
         (dict(head_dim=128, tile_n=128, fp8=True, masked_column_slices=4), "masked_column_slices=4: 16-bit only"),
         (dict(head_dim=128, tile_n=128, masked_column_slices=3), r"masked_column_slices=3: one of \(0, 2, 4, 8\)"),
-        (dict(head_dim=128, tile_n=128, masked_column_branches=True), "masked_column_branches=True: only with"),
         (dict(head_dim=256, tile_n=64, skip_unseen_first_block=True), "skip_unseen_first_block=True: only causal"),
         # A dynamic order hands out causal tiles of a persistent grid, one CTA's at a time.
         (dict(head_dim=128, tile_n=128, persistent=True, dynamic_tiles=True), "dynamic_tiles=True: only causal"),
