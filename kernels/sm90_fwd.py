@@ -64,9 +64,7 @@ from ..pipelines.tma_pipeline import (
     producer_state,
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
-from .configs import (
-    ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig,
-)
+from .configs import ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
@@ -734,6 +732,8 @@ class Sm90ForwardKernel:
         rings.k.consumer_wait(state)
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         if cutlass.const_expr(self.config.skip_unseen_first_block):
+            # A warpgroup that skips the GEMM keeps -inf, what the mask would have made of
+            # every one of its scores.
             acc_s.fill(-Float32.inf)
             if self.warpgroup_sees_block(ops, tile, n_block):
                 warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
@@ -836,7 +836,9 @@ class Sm90ForwardKernel:
         warpgroup.commit_group()
 
     @cute.jit
-    def mask(self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32, cols=None) -> None:
+    def mask(
+        self, acc_s: cute.Tensor, ops: ConsumerOperands, tile: Tile, n_block: Int32, cols: cutlass.Constexpr = None
+    ) -> None:
         mask_scores(
             acc_s, ops.coords, ops.coords0, tile.m_block * self.tile_m, n_block * self.tile_n,
             tile.seqlen_q, tile.seqlen_k, self.causal, cols,
