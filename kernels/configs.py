@@ -153,6 +153,13 @@ class Sm90ForwardConfig:
     # of that block's S GEMM is waste. No other wgmma is in flight there, so the branch
     # around it leaves the GEMMs pipelined. The same bits.
     skip_unseen_first_block: bool = False
+    # Unmasked key blocks keep the row's running max while no score of the warp's rows
+    # passes it by more than MAX_HEADROOM_LOG2 (kernels/online_softmax.py): each thread
+    # checks its own columns against the kept max, so the quad's max shuffles, O's rescale
+    # and its factor's exponential are skipped, and the exponentials wait only for the
+    # thread's own max. A warp whose scores pass it (a vote, a uniform branch) rebases as
+    # every block does without it. P then lies in [0, 2^8]. 16-bit only.
+    lazy_rescale: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -208,6 +215,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: must be a multiple of 8 in [8, 256]")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
+        if self.lazy_rescale and self.fp8:
+            raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:

@@ -20,6 +20,10 @@ from .mma_layouts import acc_rows_cols, leading_columns
 
 # The four threads of a quad hold the columns of one accumulator row.
 THREADS_PER_ROW = 4
+# How far (log2 units) a block's scores may pass the kept row max before the row rebases
+# (lazy_rescale): P is then at most 2^8, which a 16-bit P holds (fp16's largest is 65504)
+# and the fp32 row sums and O take with room to spare.
+MAX_HEADROOM_LOG2 = 8.0
 
 
 class OnlineSoftmax:
@@ -76,6 +80,30 @@ class OnlineSoftmax:
                 else:
                     self.row_sum[r] = self.row_sum[r] * scale + partial
         return row_scale
+
+    @cute.jit
+    def passes_kept_max(self, acc_s: cute.Tensor):
+        """Whether a score in this thread's columns lies more than MAX_HEADROOM_LOG2 above
+        its row's kept max (a row that has seen no key, max -inf, always does). Each thread
+        checks its own columns, no shuffle: the warp's vote covers the whole quad."""
+        s = acc_rows_cols(acc_s)
+        passes = False
+        for r in cutlass.range_constexpr(self.rows):
+            local_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            passes = passes | ((local_max - self.row_max[r]) * self.scale_log2 > MAX_HEADROOM_LOG2)
+        return passes
+
+    @cute.jit
+    def update_under_kept_max(self, acc_s: cute.Tensor) -> None:
+        """``update`` of an unmasked block none of whose scores passes its row's kept max by
+        more than MAX_HEADROOM_LOG2: the max stays, so O keeps its scale and the row sum
+        goes on from where it was."""
+        s = acc_rows_cols(acc_s)
+        for r in cutlass.range_constexpr(self.rows):
+            row = s[r, None].load()
+            p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
+            s[r, None].store(p)
+            self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r], 0)
 
     @cute.jit
     def raise_max(

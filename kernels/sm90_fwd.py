@@ -809,6 +809,16 @@ class Sm90ForwardKernel:
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
         rings.k.consumer_release(state)
+        if cutlass.const_expr(self.config.lazy_rescale and not masked):
+            passes = softmax.passes_kept_max(acc_s)
+            warpgroup.wait_group(0)
+            rings.v.consumer_release(v_state)
+            if cute.arch.vote_any_sync(passes):
+                self.rebased_softmax(acc_s, ops, softmax, block)
+            else:
+                self.softmax_under_kept_max(acc_s, softmax)
+            self.store_p(acc_s, ops.p)
+            return state
         if cutlass.const_expr(masked):
             self.mask(acc_s, ops, tile, n_block)
         row_scale = softmax.update(acc_s, block, is_first=False, masked=masked)
@@ -824,6 +834,18 @@ class Sm90ForwardKernel:
             softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
             self.store_p(acc_s, ops.p)
         return state
+
+    @cute.jit
+    def rebased_softmax(self, acc_s: cute.Tensor, ops: ConsumerOperands, softmax: OnlineSoftmax, block) -> None:
+        """lazy_rescale's branch for a warp whose scores pass the kept max: the block's
+        softmax with the max raised, and O rescaled (its P V has completed). Methods of the
+        kernel, so that the branch carries no Python object."""
+        row_scale = softmax.update(acc_s, block, is_first=False, masked=False)
+        softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
+
+    @cute.jit
+    def softmax_under_kept_max(self, acc_s: cute.Tensor, softmax: OnlineSoftmax) -> None:
+        softmax.update_under_kept_max(acc_s)
 
     @cute.jit
     def pv_gemm(self, ops: ConsumerOperands, v_index) -> None:

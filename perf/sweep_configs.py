@@ -214,7 +214,7 @@ from flash4.interface import LOG2_E
 # branch instead of a copy per count (the whole block masked first, 2500 instructions):
 # d64 259/259 -> 251, 340/337 -> 327, 403/392 -> 389, eighths 249 / 324 / 393; d128 quarters
 # 365/367 -> 347, 468/462 -> 455, 535/545 -> 534.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {hdim: [dict(), dict(lazy_rescale=True)] for hdim in (64, 128, 256)}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

@@ -466,6 +466,34 @@ def test_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqle
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+# Key rows scaled up towards key 0 by up to this factor: the key loop walks down from the
+# last block, so each block's scores pass the last ones' max by several powers of two.
+RISING_SCORES_SCALE = 30.0
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("scores", ("random", "rising"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
+def test_candidate_lazy_rescale_matches_reference(head_dim, causal, scores, seqlen_q, seqlen_k):
+    # Unmasked blocks keeping the row max while the scores stay within its headroom
+    # (lazy_rescale): not the same bits as rebasing every block, so against the reference.
+    # Random scores rarely pass the first block's max by 2^8; rising ones pass it by more
+    # in most blocks (and by hundreds of powers of two by key 0), so the warps take the
+    # rebasing branch, each at its own blocks. Causal with 192-row tiles (head dim 64) and
+    # seqlen_q > seqlen_k, some rows reach their first unmasked block with max -inf.
+    seed = hash(("lazy-rescale", head_dim, causal, scores, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    if scores == "rising":
+        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
+        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
+    out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True)
+    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
+    out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+    _check_lse(lse, lse_ref, lse_torch)
+
+
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 
 
