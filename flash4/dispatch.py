@@ -149,6 +149,20 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       2k / 4k / 8k: 330/324 -> 337, 444/449 -> 456, 546/538 -> 553, 607/610 -> 622, 679/675
       -> 689 (cuDNN 331/435/508/545/579); the one-tile clusters at 16k tied (718/719 ->
       719). With the column slices as well at 512 / 1k: 335, 459 (not taken).
+    - Unmasked blocks keeping the row max within 2^8 of their scores (lazy_rescale: no
+      quad shuffles, no O rescale, no factor exponential while the max holds; 2026-11-30,
+      three rounds, --control, -fwd-sweep-lazy-rescale-{d64,d256,short,d256-4k}.json;
+      medians, the table's two copies against the candidate). Head dim 64 full, 512 / 1k /
+      2k / 4k / 8k / 16k: 382/381 -> 388, 421/421 -> 436, 488/486 -> 496, 501/503 -> 516,
+      529/522 -> 551, 530/527 -> 545 (flash-attn-4 539 at 16k); causal on the 192-row
+      tiles, 4k / 8k / 16k: 446/446 -> 456, 493/493 -> 513, 519/512 -> 528; the sliced
+      128-row causal rows lost (512 / 1k / 2k 258/258 -> 256, 333/331 -> 330, 397/392 ->
+      390). Head dim 256 full, 512 / 1k / 2k / 4k / 8k / 16k: 497/500 -> 517, 580/580 ->
+      593, 641/628 -> 643, 677/682 -> 701, 721/714 -> 733, 738/744 -> 751; causal 338/336 ->
+      343, 453/454 -> 471, 555/549 -> 557, 628/625 -> 631, 678/686 -> 684, 718/718 -> 731.
+      Head dim 128 lost or tied (two rounds, -fwd-sweep-lazy-rescale.json, fastest rounds:
+      full 1k / 4k / 16k 582/583 -> 580, 637/646 -> 639, 662/661 -> 662; causal 464/451 ->
+      455, 601/589 -> 590, 649/645 -> 632).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -156,6 +170,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
         q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
         o_store_per_warpgroup=head_dim == 64 or (head_dim == 128 and causal),
+        lazy_rescale=head_dim == 256,
     )
     if head_dim == 256 and causal:
         skipping = replace(base, skip_unseen_first_block=True)
@@ -178,12 +193,12 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         one_tile = replace(base, persistent=False, q_stages=1, o_store_per_warpgroup=False)
         yield CAUSAL_ONE_TILE_MIN_SEQLEN, replace(one_tile, kv_multicast=True)
     elif not causal:
-        yield 1, replace(base, consumer_warpgroups=3)
+        yield 1, replace(base, consumer_warpgroups=3, lazy_rescale=True)
     else:
         sliced = replace(base, masked_column_slices=FIRST_BLOCK_SLICES)
         yield 1, sliced
         yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(sliced, dynamic_tiles=True)
-        yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True)
+        yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True, lazy_rescale=True)
 
 
 def _sm90_rows() -> Iterable[KernelEntry]:

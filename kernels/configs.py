@@ -158,7 +158,8 @@ class Sm90ForwardConfig:
     # checks its own columns against the kept max, so the quad's max shuffles, O's rescale
     # and its factor's exponential are skipped, and the exponentials wait only for the
     # thread's own max. A warp whose scores pass it (a vote, a uniform branch) rebases as
-    # every block does without it. P then lies in [0, 2^8]. 16-bit only.
+    # every block does without it. P then lies in [0, 2^8]. 16-bit only. The rows at head
+    # dim 64 (unmasked, and causal from 4k) and 256 take it (+1-4%; flash4/dispatch.py).
     lazy_rescale: bool = False
 
     @property

@@ -214,7 +214,12 @@ from flash4.interface import LOG2_E
 # branch instead of a copy per count (the whole block masked first, 2500 instructions):
 # d64 259/259 -> 251, 340/337 -> 327, 403/392 -> 389, eighths 249 / 324 / 393; d128 quarters
 # 365/367 -> 347, 468/462 -> 455, 535/545 -> 534.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {hdim: [dict(), dict(lazy_rescale=True)] for hdim in (64, 128, 256)}
+# Taken (2026-11-30, three rounds, --control; -fwd-sweep-lazy-rescale*.json; 60 GPU tests
+# against the reference, random and rising scores): unmasked blocks keeping the row max
+# while the warp's scores stay within 2^8 of it (lazy_rescale) at head dim 64 (unmasked,
+# causal from 4k) and 256, +1-4% (flash4/dispatch.py has the numbers). Not at head dim 128
+# (lost or tied) nor on head dim 64's sliced causal rows below 4k (-1-2%).
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
