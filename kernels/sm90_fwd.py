@@ -811,6 +811,8 @@ class Sm90ForwardKernel:
         rings.k.consumer_release(state)
         if cutlass.const_expr(self.config.lazy_rescale and not masked):
             passes = softmax.passes_kept_max(acc_s)
+            # The rebasing branch rescales O, so P V must be done; waiting here, before the
+            # exponentials, is also where ptxas puts that wait in the plain step.
             warpgroup.wait_group(0)
             rings.v.consumer_release(v_state)
             if cute.arch.vote_any_sync(passes):

@@ -474,15 +474,18 @@ RISING_SCORES_SCALE = 30.0
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("scores", ("random", "rising"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000), (1000, 1127))
+)
 def test_lazy_rescale_matches_reference(head_dim, causal, scores, seqlen_q, seqlen_k):
     # Unmasked blocks keeping the row max while the scores stay within its headroom
     # (lazy_rescale; the rows at head dims 64 and 256 take it, here forced on every row at
     # these lengths): not the same bits as rebasing every block, so against the reference.
     # Random scores rarely pass the first block's max by 2^8; rising ones pass it by more
     # in most blocks (and by hundreds of powers of two by key 0), so the warps take the
-    # rebasing branch, each at its own blocks. Causal with 192-row tiles (head dim 64) and
-    # seqlen_q > seqlen_k, some rows reach their first unmasked block with max -inf.
+    # rebasing branch, each at its own blocks. Causal 1000 queries on 1127 keys: a tile's
+    # first row sees exactly the keys up to the end of a block, so it reaches that block,
+    # unmasked, with max -inf (it saw no key of the tile's first block).
     seed = hash(("lazy-rescale", head_dim, causal, scores, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     if scores == "rising":
