@@ -219,7 +219,11 @@ from flash4.interface import LOG2_E
 # while the warp's scores stay within 2^8 of it (lazy_rescale) at head dim 64 (unmasked,
 # causal from 4k) and 256, +1-4% (flash4/dispatch.py has the numbers). Not at head dim 128
 # (lost or tied) nor on head dim 64's sliced causal rows below 4k (-1-2%).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    64: [dict(exp2_on_fma_every=16), dict(exp2_on_fma_every=8), dict(exp2_on_fma_every=4)],
+    128: [dict()],
+    256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
