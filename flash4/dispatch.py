@@ -163,6 +163,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       Head dim 128 lost or tied (two rounds, -fwd-sweep-lazy-rescale.json, fastest rounds:
       full 1k / 4k / 16k 582/583 -> 580, 637/646 -> 639, 662/661 -> 662; causal 464/451 ->
       455, 601/589 -> 590, 649/645 -> 632).
+    - Not taken: a share of head dim 64's exponentials on the FMA pipe (a cubic, 8
+      instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more
+      (perf/sweep_configs.py).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(

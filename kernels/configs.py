@@ -161,10 +161,6 @@ class Sm90ForwardConfig:
     # every block does without it. P then lies in [0, 2^8]. 16-bit only. The rows at head
     # dim 64 (unmasked, and causal from 4k) and 256 take it (+1-4%; flash4/dispatch.py).
     lazy_rescale: bool = False
-    # Every this many columns of a thread's row in lazy_rescale's common branch, 2^x by a
-    # cubic on the FMA pipe instead of MUFU.EX2 (kernels/fma_exp2.py); 0: none. MUFU runs
-    # 16 exponentials a clock, as many clocks per block as the GEMMs at head dim 64.
-    exp2_on_fma_every: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -222,10 +218,6 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.lazy_rescale and self.fp8:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
-        if self.exp2_on_fma_every < 0 or (self.exp2_on_fma_every and not self.lazy_rescale):
-            raise ValueError(
-                f"exp2_on_fma_every={self.exp2_on_fma_every}: 0, or a positive count with lazy_rescale=True"
-            )
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:

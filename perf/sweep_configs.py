@@ -219,11 +219,16 @@ from flash4.interface import LOG2_E
 # while the warp's scores stay within 2^8 of it (lazy_rescale) at head dim 64 (unmasked,
 # causal from 4k) and 256, +1-4% (flash4/dispatch.py has the numbers). Not at head dim 128
 # (lost or tied) nor on head dim 64's sliced causal rows below 4k (-1-2%).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    64: [dict(exp2_on_fma_every=16), dict(exp2_on_fma_every=8), dict(exp2_on_fma_every=4)],
-    128: [dict()],
-    256: [dict()],
-}
+# Lost (2026-11-30, three rounds, --control; -fwd-sweep-exp2-on-fma.json; 48 GPU tests
+# against the reference passed): head dim 64, every 16th / 8th / 4th exponential of
+# lazy_rescale's common branch by a cubic on the FMA pipe (x = round + fraction by adding
+# 1.5 * 2^23, three FADD, three FFMA, a max against underflow and the exponent added as an
+# integer: 8 instructions for one MUFU.EX2, 7.5e-5 relative). Medians, table again ->
+# every 16 / 8 / 4: full 1k 429 -> 431 / 420 / 409, 4k 516 -> 492 / 487 / 475, 8k 536 ->
+# 517 / 508 / 491, 16k 541 -> 524 / 517 / 500; causal 4k 454 -> 450 / 435 / 417, 8k 500 ->
+# 495 / 489 / 466, 16k 521 -> 515 / 497 / 479. The more exponentials leave MUFU, the slower:
+# MUFU does not bind there, and about 7% more instructions cost 1-5%.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

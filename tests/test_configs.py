@@ -40,9 +40,6 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         # The FP8 softmax keeps its own row sum.
         (dict(head_dim=128, tile_n=128, fp8=True, sum_from_rescaled=True), "sum_from_rescaled=True"),
         (dict(head_dim=128, tile_n=128, fp8=True, lazy_rescale=True), "lazy_rescale=True: the 16-bit softmax only"),
-        # The FMA pipe's exponentials run in lazy_rescale's common branch only.
-        (dict(head_dim=64, tile_n=128, exp2_on_fma_every=8), "exp2_on_fma_every=8: .*lazy_rescale=True"),
-        (dict(head_dim=64, tile_n=128, lazy_rescale=True, exp2_on_fma_every=-1), "exp2_on_fma_every=-1"),
         # A warpgroup's own O store needs O's own buffer: one tile per CTA, or head dim 256.
         (dict(head_dim=128, tile_n=128, o_store_per_warpgroup=True), "o_store_per_warpgroup=True: .*own"),
         (dict(head_dim=256, tile_n=80, persistent=True, pingpong=False, o_store_per_warpgroup=True),
