@@ -161,6 +161,12 @@ class Sm90ForwardConfig:
     # every block does without it. P then lies in [0, 2^8]. 16-bit only. The rows at head
     # dim 64 (unmasked, and causal from 4k) and 256 take it (+1-4%; flash4/dispatch.py).
     lazy_rescale: bool = False
+    # CANDIDATE: lazy_rescale's choice of branch by the block's row sums of P against the
+    # kept max (MAX_HEADROOM bounds every P when they stay below it) instead of each
+    # thread's max of its scores: no max over the scores in the common branch. A warp whose
+    # sums pass it rebases P by whole octaves; one whose P overflowed recomputes its scores
+    # from shared memory.
+    lazy_check_by_sums: bool = False
 
     @property
     def tile_m(self) -> int:
@@ -218,6 +224,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.lazy_rescale and self.fp8:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
+        if self.lazy_check_by_sums and not self.lazy_rescale:
+            raise ValueError("lazy_check_by_sums=True: only with lazy_rescale=True")
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:

@@ -24,6 +24,10 @@ THREADS_PER_ROW = 4
 # (lazy_rescale): P is then at most 2^8, which a 16-bit P holds (fp16's largest is 65504)
 # and the fp32 row sums and O take with room to spare.
 MAX_HEADROOM_LOG2 = 8.0
+MAX_HEADROOM = 2.0**MAX_HEADROOM_LOG2
+# The largest shift (octaves) that rebasing P applies: 2^-126 is fp32's smallest normal,
+# and a finite P is below 2^128, so P stays within [1, 4) of the new max.
+MAX_REBASE_OCTAVES = 126.0
 
 
 class OnlineSoftmax:
@@ -104,6 +108,64 @@ class OnlineSoftmax:
             p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
             s[r, None].store(p)
             self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r], 0)
+
+    @cute.jit
+    def exp_under_kept_max(self, acc_s: cute.Tensor) -> tuple:
+        """Exponentials of an unmasked block against the kept row max, in place; returns
+        each row's sum of this thread's P (not yet added) and whether one of them passes
+        MAX_HEADROOM. Sums at most MAX_HEADROOM bound every P by it, with no max taken:
+        one comparison per row instead of a max over every score."""
+        s = acc_rows_cols(acc_s)
+        partials = cute.make_rmem_tensor(self.rows, Float32)
+        over = False
+        for r in cutlass.range_constexpr(self.rows):
+            row = s[r, None].load()
+            p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
+            s[r, None].store(p)
+            partials[r] = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            over = over | (partials[r] > MAX_HEADROOM)
+        return partials, over
+
+    @cute.jit
+    def add_partials(self, partials: cute.Tensor) -> None:
+        for r in cutlass.range_constexpr(self.rows):
+            self.row_sum[r] = self.row_sum[r] + partials[r]
+
+    @cute.jit
+    def has_unseen_row(self):
+        """Whether one of this thread's rows has seen no key yet (max -inf)."""
+        unseen = self.row_max[0] == -Float32.inf
+        for r in cutlass.range_constexpr(1, self.rows):
+            unseen = unseen | (self.row_max[r] == -Float32.inf)
+        return unseen
+
+    @cute.jit
+    def row_p_max(self, acc_s: cute.Tensor) -> cute.Tensor:
+        """Each row's largest P (over its quad)."""
+        s = acc_rows_cols(acc_s)
+        p_max = cute.make_rmem_tensor(self.rows, Float32)
+        for r in cutlass.range_constexpr(self.rows):
+            local = s[r, None].load().reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
+            p_max[r] = cute.arch.warp_reduction_max(local, threads_in_group=THREADS_PER_ROW)
+        return p_max
+
+    @cute.jit
+    def rebase_p(self, acc_s: cute.Tensor, p_max: cute.Tensor) -> cute.Tensor:
+        """Raise each row's max by the whole octaves of its largest P (``p_max``, finite),
+        scaling that row's P by the inverse power of two; add the scaled P to the row sum
+        (the old sum scaled too) and return the factor for O."""
+        s = acc_rows_cols(acc_s)
+        row_scale = cute.make_rmem_tensor(self.rows, Float32)
+        for r in cutlass.range_constexpr(self.rows):
+            octaves = cute.math.floor(cute.math.log2(p_max[r], fastmath=True))
+            octaves = cute.arch.fmin(cute.arch.fmax(octaves, Float32(0.0)), Float32(MAX_REBASE_OCTAVES))
+            factor = cute.math.exp2(-octaves, fastmath=True)
+            p = s[r, None].load() * factor
+            s[r, None].store(p)
+            self.row_max[r] = self.row_max[r] + octaves * cute.arch.rcp_approx(self.scale_log2)
+            self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r] * factor, 0)
+            row_scale[r] = factor
+        return row_scale
 
     @cute.jit
     def raise_max(

@@ -125,6 +125,8 @@ class ConsumerOperands:
     p: cute.Tensor
     coords: cute.Tensor
     coords0: cute.Tensor
+    # This tile's Q slot in shared memory (lazy_rescale recomputes overflowed scores from it).
+    sQ: Optional[cute.Tensor] = None
     # The row sums of P by a second GEMM beside P V (``sums_on_tensor_cores``), or None.
     row_sums: Optional[TensorCoreRowSum] = None
     # q_in_registers: Q's slot as the S GEMM's register operand (``tSrQ`` is its fragment);
@@ -701,6 +703,7 @@ class Sm90ForwardKernel:
             coords=tiled_mma_qk.get_slice(tidx).partition_C(tile_coords),
             # Thread 0's coordinates: known at compile time (see mask_scores).
             coords0=tiled_mma_qk.get_slice(0).partition_C(tile_coords),
+            sQ=sQ,
             row_sums=row_sums,
             q_registers=q_registers,
         )
@@ -808,6 +811,22 @@ class Sm90ForwardKernel:
         block = softmax.block_inputs(n_block)
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
+        by_sums = self.config.lazy_rescale and self.config.lazy_check_by_sums and not masked
+        if cutlass.const_expr(by_sums):
+            warpgroup.wait_group(0)
+            rings.v.consumer_release(v_state)
+            if cutlass.const_expr(self.causal):
+                # A row that has seen no key has no max to keep: its P would be inf.
+                if cute.arch.vote_any_sync(softmax.has_unseen_row()):
+                    self.rebased_softmax(acc_s, ops, softmax, block)
+                else:
+                    self.softmax_by_sums(acc_s, ops, rings, state.index, softmax, block)
+            else:
+                self.softmax_by_sums(acc_s, ops, rings, state.index, softmax, block)
+            # Released only now: a warp whose P overflowed reads K again.
+            rings.k.consumer_release(state)
+            self.store_p(acc_s, ops.p)
+            return state
         rings.k.consumer_release(state)
         if cutlass.const_expr(self.config.lazy_rescale and not masked):
             passes = softmax.passes_kept_max(acc_s)
@@ -844,6 +863,63 @@ class Sm90ForwardKernel:
         kernel, so that the branch carries no Python object."""
         row_scale = softmax.update(acc_s, block, is_first=False, masked=False)
         softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
+
+    @cute.jit
+    def softmax_by_sums(
+        self, acc_s: cute.Tensor, ops: ConsumerOperands, rings: Rings, k_index, softmax: OnlineSoftmax, block
+    ) -> None:
+        """lazy_rescale's step with the branch chosen by the row sums of P under the kept max."""
+        partials, over = softmax.exp_under_kept_max(acc_s)
+        if cute.arch.vote_any_sync(over):
+            self.rebase_p(acc_s, ops, rings, k_index, softmax, block)
+        else:
+            self.add_partials(softmax, partials)
+
+    @cute.jit
+    def add_partials(self, softmax: OnlineSoftmax, partials: cute.Tensor) -> None:
+        softmax.add_partials(partials)
+
+    @cute.jit
+    def rebase_p(
+        self, acc_s: cute.Tensor, ops: ConsumerOperands, rings: Rings, k_index, softmax: OnlineSoftmax, block
+    ) -> None:
+        """A warp whose P passed MAX_HEADROOM: P, its row sums and O scaled down by whole
+        octaves of each row's largest P. Where a P overflowed (a score 128 octaves above the
+        kept max) the scores are gone, so the warp computes them again and rebases them."""
+        p_max = softmax.row_p_max(acc_s)
+        overflow = p_max[0] == Float32.inf
+        for r in cutlass.range_constexpr(1, softmax.rows):
+            overflow = overflow | (p_max[r] == Float32.inf)
+        if cute.arch.vote_any_sync(overflow):
+            self.recompute_scores(acc_s, ops, rings, k_index)
+            self.rebased_softmax(acc_s, ops, softmax, block)
+        else:
+            self.rescale_rebased_p(acc_s, ops, softmax, p_max)
+
+    @cute.jit
+    def rescale_rebased_p(self, acc_s: cute.Tensor, ops: ConsumerOperands, softmax: OnlineSoftmax, p_max) -> None:
+        row_scale = softmax.rebase_p(acc_s, p_max)
+        softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
+
+    @cute.jit
+    def recompute_scores(self, acc_s: cute.Tensor, ops: ConsumerOperands, rings: Rings, k_index) -> None:
+        """This thread's scores of the block again, from Q's and K's shared-memory slots,
+        by fp32 FMAs: a path for scores far past any seen before, not for speed."""
+        s = acc_rows_cols(acc_s)
+        c = acc_rows_cols(ops.coords)
+        sK = rings.sK[None, None, k_index]
+        rows, cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        for r in cutlass.range_constexpr(rows):
+            for j in cutlass.range_constexpr(cols):
+                s[r, j] = Float32(0.0)
+        for d in cutlass.range(self.head_dim, unroll=1):
+            k = cute.make_rmem_tensor(cols, Float32)
+            for j in cutlass.range_constexpr(cols):
+                k[j] = Float32(sK[c[0, j][1], d])
+            for r in cutlass.range_constexpr(rows):
+                q = Float32(ops.sQ[c[r, 0][0], d])
+                for j in cutlass.range_constexpr(cols):
+                    s[r, j] = s[r, j] + q * k[j]
 
     @cute.jit
     def softmax_under_kept_max(self, acc_s: cute.Tensor, softmax: OnlineSoftmax) -> None:

@@ -228,7 +228,9 @@ from flash4.interface import LOG2_E
 # 517 / 508 / 491, 16k 541 -> 524 / 517 / 500; causal 4k 454 -> 450 / 435 / 417, 8k 500 ->
 # 495 / 489 / 466, 16k 521 -> 515 / 497 / 479. The more exponentials leave MUFU, the slower:
 # MUFU does not bind there, and about 7% more instructions cost 1-5%.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    hdim: [dict(lazy_rescale=True, lazy_check_by_sums=True)] for hdim in (64, 128, 256)
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

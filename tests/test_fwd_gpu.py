@@ -498,6 +498,35 @@ def test_lazy_rescale_matches_reference(head_dim, causal, scores, seqlen_q, seql
     _check_lse(lse, lse_ref, lse_torch)
 
 
+# Key 0 scaled by this much: its scores reach hundreds of octaves above the max a row
+# keeps by then (key 0 is in the last block the loop walks), past fp32's exponentials.
+SPIKE_KEY_SCALE = 200.0
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("scores", ("random", "rising", "spike"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 1127), (3000, 3000)))
+def test_lazy_check_by_sums_candidate_matches_reference(head_dim, causal, scores, seqlen_q, seqlen_k):
+    # lazy_rescale choosing its branch by the row sums of P under the kept max. Random
+    # scores keep the max; rising ones pass it by a few octaves a block, so warps rebase P
+    # by its largest value; the spike key's P overflows to inf for a third of the rows, so
+    # those warps compute their scores again from shared memory. Causal 1000 queries on
+    # 1127 keys: rows reaching an unmasked block with no max (they rebase from the scores).
+    seed = hash(("lazy-by-sums", head_dim, causal, scores, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    if scores == "rising":
+        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
+        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
+    elif scores == "spike":
+        k[:, 0] = (k[:, 0].float() * SPIKE_KEY_SCALE).to(k.dtype)
+    out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True, lazy_check_by_sums=True)
+    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
+    out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
+    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
+    _check_lse(lse, lse_ref, lse_torch)
+
+
 KV_MULTICAST_SEQLENS = ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 
 
