@@ -37,6 +37,9 @@ CAUSAL_ONE_TILE_MIN_SEQLEN = 16384
 # at head dim 256 (1k 445/441 -> 436, 4k 599/595 -> 593: a section's K and V, 1 MiB an
 # entry at 1k, outgrow L2). Head dim 128 from 8k keeps its clusters.
 DYNAMIC_TILES_MIN_SEQLEN = {64: 2048, 128: 4096}
+# Head dim 64 causal on the sliced 128-row tiles: lazy_rescale from this query length on
+# (at 512 it lost 1.5%, at 1k and 2k it gained 2%; see _sm90_configs).
+LAZY_SLICED_MIN_SEQLEN = 1024
 # Head dim 64 causal below 4k: the first key block's softmax in this many column slices of
 # 32 keys, two 16-row warps' worth (masked_column_slices; see _sm90_configs).
 FIRST_BLOCK_SLICES = 4
@@ -163,6 +166,21 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       Head dim 128 lost or tied (two rounds, -fwd-sweep-lazy-rescale.json, fastest rounds:
       full 1k / 4k / 16k 582/583 -> 580, 637/646 -> 639, 662/661 -> 662; causal 464/451 ->
       455, 601/589 -> 590, 649/645 -> 632).
+    - lazy_rescale's branch chosen by the row sums of P under the kept max instead of
+      each thread's max over its scores (lazy_check_by_sums: the common branch takes no
+      max at all, a sixth of its instructions at head dim 64; 2026-11-30, three rounds,
+      --control, -fwd-sweep-lazy-check-by-sums{,-2}.json; medians, the table's row again
+      -> with lazy_rescale and the check by sums). Head dim 64 full, 512 / 1k / 2k / 4k /
+      8k / 16k: 398 -> 396, 432 -> 444, 508 -> 528, 506 -> 534, 549 -> 579, 539 -> 569;
+      causal 261 -> 257, 334 -> 340, 396 -> 403, 449 -> 472, 513 -> 536, 518 -> 539. Head
+      dim 128 full 516 -> 520, 564 -> 583, 627 -> 653, 625 -> 668, 649 -> 714, 652 -> 690;
+      causal 368 -> 368, 444 -> 451, 533 -> 550, 572 -> 591, 624 -> 632, 629 -> 637. Head
+      dim 256 (against its max check) full 528 -> 539, 578 -> 578, 663 -> 681, 688 -> 701,
+      744 -> 747, 736 -> 737; causal 347 -> 342, 464 -> 462, 575 -> 570, 625 -> 627, 702
+      -> 704, 714 -> 715, so causal keeps the max check (its diagonal rows, whose max
+      comes from a few keys, pass the sums more often and pay the rebasing). Head dim 64
+      causal at 512 keeps no lazy_rescale. A probe with no check at all ran d64 full 16k
+      at 583 (-fwd-probe-kept-max-check*.json).
     - Not taken: a share of head dim 64's exponentials on the FMA pipe (a cubic, 8
       instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more
       (perf/sweep_configs.py).
@@ -173,7 +191,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         pingpong=head_dim != 256, persistent=head_dim != 256, rescale_when_needed=head_dim == 256,
         q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
         o_store_per_warpgroup=head_dim == 64 or (head_dim == 128 and causal),
-        lazy_rescale=head_dim == 256,
+        lazy_rescale=True, lazy_check_by_sums=not (head_dim == 256 and causal),
     )
     if head_dim == 256 and causal:
         skipping = replace(base, skip_unseen_first_block=True)
@@ -196,12 +214,13 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         one_tile = replace(base, persistent=False, q_stages=1, o_store_per_warpgroup=False)
         yield CAUSAL_ONE_TILE_MIN_SEQLEN, replace(one_tile, kv_multicast=True)
     elif not causal:
-        yield 1, replace(base, consumer_warpgroups=3, lazy_rescale=True)
+        yield 1, replace(base, consumer_warpgroups=3)
     else:
         sliced = replace(base, masked_column_slices=FIRST_BLOCK_SLICES)
-        yield 1, sliced
+        yield 1, replace(sliced, lazy_rescale=False, lazy_check_by_sums=False)
+        yield LAZY_SLICED_MIN_SEQLEN, sliced
         yield DYNAMIC_TILES_MIN_SEQLEN[64], replace(sliced, dynamic_tiles=True)
-        yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True, lazy_rescale=True)
+        yield 4096, replace(base, consumer_warpgroups=3, dynamic_tiles=True)
 
 
 def _sm90_rows() -> Iterable[KernelEntry]:

@@ -158,14 +158,18 @@ class Sm90ForwardConfig:
     # checks its own columns against the kept max, so the quad's max shuffles, O's rescale
     # and its factor's exponential are skipped, and the exponentials wait only for the
     # thread's own max. A warp whose scores pass it (a vote, a uniform branch) rebases as
-    # every block does without it. P then lies in [0, 2^8]. 16-bit only. The rows at head
-    # dim 64 (unmasked, and causal from 4k) and 256 take it (+1-4%; flash4/dispatch.py).
+    # every block does without it. P then lies in [0, 2^8]. 16-bit only. Every row takes it
+    # but head dim 64's causal ones below 1k (+1-4%, and with lazy_check_by_sums up to 10%;
+    # flash4/dispatch.py).
     lazy_rescale: bool = False
-    # CANDIDATE: lazy_rescale's choice of branch by the block's row sums of P against the
-    # kept max (MAX_HEADROOM bounds every P when they stay below it) instead of each
-    # thread's max of its scores: no max over the scores in the common branch. A warp whose
-    # sums pass it rebases P by whole octaves; one whose P overflowed recomputes its scores
-    # from shared memory.
+    # lazy_rescale's branch chosen after the exponentials, by the block's row sums of P
+    # under the kept max (sums within MAX_HEADROOM bound every P by it), instead of before
+    # them by each thread's max over its scores: the common branch then takes no max at
+    # all. A warp whose sums pass divides each row's P, sum and O by its largest P (which
+    # becomes 1); one where a P passed LARGEST_REBASED_P computes its scores again from
+    # shared memory (K is released after the softmax) and rebases as without lazy_rescale.
+    # Causal rows that have seen no key rebase before their exponentials. The rows of
+    # every head dim take it but 256 causal (+2-10%; flash4/dispatch.py).
     lazy_check_by_sums: bool = False
 
     @property

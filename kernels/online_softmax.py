@@ -25,9 +25,9 @@ THREADS_PER_ROW = 4
 # and the fp32 row sums and O take with room to spare.
 MAX_HEADROOM_LOG2 = 8.0
 MAX_HEADROOM = 2.0**MAX_HEADROOM_LOG2
-# The largest shift (octaves) that rebasing P applies: 2^-126 is fp32's smallest normal,
-# and a finite P is below 2^128, so P stays within [1, 4) of the new max.
-MAX_REBASE_OCTAVES = 126.0
+# The largest P that ``rebase_p`` divides by: 1/P must stay a normal fp32 (rcp.approx
+# flushes results below 2^-126 to zero). Larger P, or P = inf, need their scores again.
+LARGEST_REBASED_P = 2.0**126
 
 
 class OnlineSoftmax:
@@ -151,15 +151,17 @@ class OnlineSoftmax:
 
     @cute.jit
     def rebase_p(self, acc_s: cute.Tensor, p_max: cute.Tensor) -> cute.Tensor:
-        """Raise each row's max by the whole octaves of its largest P (``p_max``, finite),
-        scaling that row's P by the inverse power of two; add the scaled P to the row sum
-        (the old sum scaled too) and return the factor for O."""
+        """Raise the max of each row whose largest P (``p_max``, at most LARGEST_REBASED_P)
+        passes 1 to that P's score: the row's P, its old sum and (through the returned
+        factor) O are divided by it, so the largest P becomes 1 to within an fp32 ulp and
+        rounds to exactly 1 in 16 bits, as a rebased row's largest P does in ``update``;
+        the new P are added to the sum."""
         s = acc_rows_cols(acc_s)
         row_scale = cute.make_rmem_tensor(self.rows, Float32)
         for r in cutlass.range_constexpr(self.rows):
-            octaves = cute.math.floor(cute.math.log2(p_max[r], fastmath=True))
-            octaves = cute.arch.fmin(cute.arch.fmax(octaves, Float32(0.0)), Float32(MAX_REBASE_OCTAVES))
-            factor = cute.math.exp2(-octaves, fastmath=True)
+            rebase = p_max[r] > 1.0
+            factor = cute.arch.rcp_approx(p_max[r]) if rebase else Float32(1.0)
+            octaves = cute.math.log2(p_max[r], fastmath=True) if rebase else Float32(0.0)
             p = s[r, None].load() * factor
             s[r, None].store(p)
             self.row_max[r] = self.row_max[r] + octaves * cute.arch.rcp_approx(self.scale_log2)

@@ -67,7 +67,7 @@ from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, regi
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
-from .online_softmax import THREADS_PER_ROW, OnlineSoftmax
+from .online_softmax import LARGEST_REBASED_P, THREADS_PER_ROW, OnlineSoftmax
 from .packed_convert import convert_packed
 from .tensor_core_row_sum import TensorCoreRowSum, fill_ones, ones_tile_layout
 from .wgmma import RegisterOperandA, issue_gemm, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
@@ -883,13 +883,13 @@ class Sm90ForwardKernel:
     def rebase_p(
         self, acc_s: cute.Tensor, ops: ConsumerOperands, rings: Rings, k_index, softmax: OnlineSoftmax, block
     ) -> None:
-        """A warp whose P passed MAX_HEADROOM: P, its row sums and O scaled down by whole
-        octaves of each row's largest P. Where a P overflowed (a score 128 octaves above the
-        kept max) the scores are gone, so the warp computes them again and rebases them."""
+        """A warp whose P passed MAX_HEADROOM: P, its row sums and O divided by each row's
+        largest P. Where a P passed LARGEST_REBASED_P (a score 126 octaves above the kept
+        max, or inf) the scores are needed, so the warp computes them again and rebases them."""
         p_max = softmax.row_p_max(acc_s)
-        overflow = p_max[0] == Float32.inf
+        overflow = p_max[0] > LARGEST_REBASED_P
         for r in cutlass.range_constexpr(1, softmax.rows):
-            overflow = overflow | (p_max[r] == Float32.inf)
+            overflow = overflow | (p_max[r] > LARGEST_REBASED_P)
         if cute.arch.vote_any_sync(overflow):
             self.recompute_scores(acc_s, ops, rings, k_index)
             self.rebased_softmax(acc_s, ops, softmax, block)

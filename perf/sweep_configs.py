@@ -228,9 +228,19 @@ from flash4.interface import LOG2_E
 # 517 / 508 / 491, 16k 541 -> 524 / 517 / 500; causal 4k 454 -> 450 / 435 / 417, 8k 500 ->
 # 495 / 489 / 466, 16k 521 -> 515 / 497 / 479. The more exponentials leave MUFU, the slower:
 # MUFU does not bind there, and about 7% more instructions cost 1-5%.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    hdim: [dict(lazy_rescale=True, lazy_check_by_sums=True)] for hdim in (64, 128, 256)
-}
+# Probes (2026-11-30, -fwd-probe-kept-max-check*.json; output wrong on purpose where a
+# warp would rebase): lazy_rescale's common branch without its max over the scores ran d64
+# full 4k / 16k 515 -> 549, 553 -> 583, causal 456 -> 482, 527 -> 555; with the branch
+# chosen by the row sums of P after the exponentials, 544 / 577; K released after the
+# softmax instead of before, the same. Taken (three rounds, --control,
+# -fwd-sweep-lazy-check-by-sums{,-2}.json; 90 GPU tests against the reference with random,
+# rising and spike scores): that check (lazy_check_by_sums), with the rebasing of P by its
+# largest value and the recomputed scores where P overflows, on every row but head dim
+# 256 causal, +2-10% (flash4/dispatch.py has the numbers); lazy_rescale itself then at
+# head dim 128 too. A first rebasing by whole octaves (P's largest value left in [1, 2))
+# put one-hot rows one bf16 step off V's row (that P rounded in 16 bits, the sum not):
+# the spike test caught it.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

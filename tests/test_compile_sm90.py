@@ -471,11 +471,15 @@ def test_masked_column_slices_compute_only_their_columns():
     assert sliced.instructions["wgmma.mma_async"] == plain.instructions["wgmma.mma_async"]
 
 
-@pytest.mark.parametrize("head_dim,causal,seqlen", ((64, False, 1024), (64, True, 4096), (256, True, 1024)))
-def test_lazy_rescale_adds_a_shuffle_free_softmax(head_dim, causal, seqlen):
-    # The rows' unmasked step under lazy_rescale: the block's softmax against the kept max
-    # (one exponential per score a thread holds, tile_n / 2 of them over 64 rows) beside
-    # the rebasing one, whose shuffles are the only ones: no shuffle added, one warp vote.
+@pytest.mark.parametrize(
+    "head_dim,causal,seqlen", ((64, False, 1024), (64, True, 4096), (128, False, 16384), (256, True, 1024))
+)
+def test_lazy_rescale_compiles_clean(head_dim, causal, seqlen):
+    # The rows' unmasked step under lazy_rescale holds the block's softmax against the kept
+    # max (one exponential per score a thread holds, tile_n / 2 of them over 64 rows)
+    # beside the rebasing one. Checked by the max over the scores: no shuffle added, one
+    # warp vote. By the row sums of P: no spill and no serialised GEMM from the rebasing
+    # of P or the recomputed scores either.
     import dataclasses
 
     from flash4.compiler import compile_entry
@@ -483,12 +487,20 @@ def test_lazy_rescale_adds_a_shuffle_free_softmax(head_dim, causal, seqlen):
 
     entry = select("sm_90a", "bfloat16", head_dim, causal, seqlen)
     assert entry.config.lazy_rescale
-    lazy = compile_entry(entry)
-    plain = compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, lazy_rescale=False)))
-    assert lazy.serialized_wgmma == 0 and lazy.spill_bytes == 0
-    assert lazy.ptx.count("ex2.approx") - plain.ptx.count("ex2.approx") == entry.config.tile_n // 2
-    assert lazy.ptx.count("shfl.sync") == plain.ptx.count("shfl.sync")
-    assert lazy.ptx.count("vote.sync") == plain.ptx.count("vote.sync") + 1
+    plain = compile_entry(
+        dataclasses.replace(
+            entry, config=dataclasses.replace(entry.config, lazy_rescale=False, lazy_check_by_sums=False)
+        )
+    )
+    for by_sums in (False, True):
+        config = dataclasses.replace(entry.config, lazy_check_by_sums=by_sums)
+        lazy = compile_entry(dataclasses.replace(entry, config=config))
+        assert lazy.serialized_wgmma == 0 and lazy.spill_bytes == 0
+        assert lazy.ptx.count("ex2.approx") - plain.ptx.count("ex2.approx") >= entry.config.tile_n // 2
+        if not by_sums:
+            assert lazy.ptx.count("ex2.approx") - plain.ptx.count("ex2.approx") == entry.config.tile_n // 2
+            assert lazy.ptx.count("shfl.sync") == plain.ptx.count("shfl.sync")
+            assert lazy.ptx.count("vote.sync") == plain.ptx.count("vote.sync") + 1
 
 
 @pytest.mark.parametrize(

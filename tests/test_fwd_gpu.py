@@ -471,56 +471,36 @@ def test_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqle
 RISING_SCORES_SCALE = 30.0
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("scores", ("random", "rising"))
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000), (1000, 1127))
-)
-def test_lazy_rescale_matches_reference(head_dim, causal, scores, seqlen_q, seqlen_k):
-    # Unmasked blocks keeping the row max while the scores stay within its headroom
-    # (lazy_rescale; the rows at head dims 64 and 256 take it, here forced on every row at
-    # these lengths): not the same bits as rebasing every block, so against the reference.
-    # Random scores rarely pass the first block's max by 2^8; rising ones pass it by more
-    # in most blocks (and by hundreds of powers of two by key 0), so the warps take the
-    # rebasing branch, each at its own blocks. Causal 1000 queries on 1127 keys: a tile's
-    # first row sees exactly the keys up to the end of a block, so it reaches that block,
-    # unmasked, with max -inf (it saw no key of the tile's first block).
-    seed = hash(("lazy-rescale", head_dim, causal, scores, seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    if scores == "rising":
-        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
-        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
-    out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True)
-    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
-    out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
-    assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
-    _check_lse(lse, lse_ref, lse_torch)
-
-
-# Key 0 scaled by this much: its scores reach hundreds of octaves above the max a row
-# keeps by then (key 0 is in the last block the loop walks), past fp32's exponentials.
+# Key 0 scaled by this much: its scores reach tens to hundreds of octaves above the max a
+# row keeps by then (key 0 is in the last block the loop walks), past fp32's exponentials.
 SPIKE_KEY_SCALE = 200.0
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("check", ("max", "sums"))
 @pytest.mark.parametrize("scores", ("random", "rising", "spike"))
 @pytest.mark.parametrize("seqlen_q,seqlen_k", ((1000, 1000), (1100, 700), (17, 1000), (1000, 1127), (3000, 3000)))
-def test_lazy_check_by_sums_candidate_matches_reference(head_dim, causal, scores, seqlen_q, seqlen_k):
-    # lazy_rescale choosing its branch by the row sums of P under the kept max. Random
-    # scores keep the max; rising ones pass it by a few octaves a block, so warps rebase P
-    # by its largest value; the spike key's P overflows to inf for a third of the rows, so
-    # those warps compute their scores again from shared memory. Causal 1000 queries on
-    # 1127 keys: rows reaching an unmasked block with no max (they rebase from the scores).
-    seed = hash(("lazy-by-sums", head_dim, causal, scores, seqlen_q, seqlen_k)) % 2**31
+def test_lazy_rescale_matches_reference(head_dim, causal, check, scores, seqlen_q, seqlen_k):
+    # Unmasked blocks keeping the row max while the scores stay within its headroom
+    # (lazy_rescale, here forced on every row at these lengths), the branch chosen by each
+    # thread's max over its scores or by the row sums of P (lazy_check_by_sums): not the
+    # same bits as rebasing every block, so against the reference. Random scores rarely
+    # pass the kept max by 2^8; rising ones pass it by a few octaves a block, so warps
+    # rebase (by the sums: P divided by its largest value), each at its own blocks. The
+    # spike key's scores lie tens of octaves above the rest (rows then one-hot: the
+    # output is V's row to the bit in the reference) or past fp32's exponentials, where
+    # the sums' warps compute their scores again. Causal 1000 queries on 1127 keys: a
+    # tile's first row sees exactly the keys up to the end of a block, so it reaches that
+    # block, unmasked, with max -inf.
+    seed = hash(("lazy-rescale", head_dim, causal, check, scores, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     if scores == "rising":
         ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
         k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
     elif scores == "spike":
         k[:, 0] = (k[:, 0].float() * SPIKE_KEY_SCALE).to(k.dtype)
-    out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True, lazy_check_by_sums=True)
+    out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True, lazy_check_by_sums=check == "sums")
     out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
     out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
     assert _max_err(out, out_ref) <= 2 * _max_err(out_torch, out_ref) + ABS_SLACK
