@@ -229,16 +229,20 @@ def test_dq_rows_compiles_clean():
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
 def test_rescale_when_needed_skips_the_multiplies_by_a_warp_vote(dtype):
     # In the key loops, one warp vote per block decides whether O's rows are multiplied;
-    # the multiplies stay (no spills, no serialised wgmma).
+    # the multiplies stay (no spills, no serialised wgmma). Without lazy_rescale, whose
+    # branches vote too.
     import dataclasses
 
     from flash4.compiler import compile_entry
     from flash4.dispatch import select
 
     entry = select("sm_90a", dtype, 128, False, 4096)
+    plain = dict(lazy_rescale=False, lazy_check_by_sums=False)
     always, when_needed = (
-        compile_entry(dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=on)),
-                      arch="sm_90a")
+        compile_entry(
+            dataclasses.replace(entry, config=dataclasses.replace(entry.config, rescale_when_needed=on, **plain)),
+            arch="sm_90a",
+        )
         for on in (False, True)
     )
     assert when_needed.spill_bytes == 0 and when_needed.serialized_wgmma == 0
