@@ -230,6 +230,11 @@ class Sm90ForwardConfig:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
         if self.lazy_check_by_sums and not self.lazy_rescale:
             raise ValueError("lazy_check_by_sums=True: only with lazy_rescale=True")
+        if self.lazy_check_by_sums and self.q_in_registers:
+            raise ValueError(
+                "lazy_check_by_sums=True: not with q_in_registers=True (overflowed scores are computed again "
+                "from Q's slot, which Q in registers frees early)"
+            )
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:
