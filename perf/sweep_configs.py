@@ -240,7 +240,14 @@ from flash4.interface import LOG2_E
 # head dim 128 too. A first rebasing by whole octaves (P's largest value left in [1, 2))
 # put one-hot rows one bf16 step off V's row (that P rounded in 16 bits, the sum not):
 # the spike test caught it.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {64: [dict()], 128: [dict()], 256: [dict()]}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {
+    # The FMA pipe's exponentials again, now that the check by sums left MUFU binding
+    # (run with --hdim 64), and head dim 128 unmasked 16k without its clusters (8k, one
+    # CTA per pair of query blocks no more, ran 714 against 16k's 690 in the clusters).
+    64: [dict(exp2_on_fma_every=16), dict(exp2_on_fma_every=8)],
+    128: [dict(kv_multicast=False)],
+    256: [dict()],
+}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
