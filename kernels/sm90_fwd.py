@@ -877,6 +877,8 @@ class Sm90ForwardKernel:
 
     @cute.jit
     def add_partials(self, softmax: OnlineSoftmax, partials: cute.Tensor) -> None:
+        """The common branch's end: the block's sums join the rows' (a kernel method, as
+        ``rebased_softmax``, so that the branch carries no Python object)."""
         softmax.add_partials(partials)
 
     @cute.jit
@@ -898,6 +900,7 @@ class Sm90ForwardKernel:
 
     @cute.jit
     def rescale_rebased_p(self, acc_s: cute.Tensor, ops: ConsumerOperands, softmax: OnlineSoftmax, p_max) -> None:
+        """P divided by its rows' largest values, and O with it (P V has completed)."""
         row_scale = softmax.rebase_p(acc_s, p_max)
         softmax.rescale(ops.acc_o, row_scale, self.config.rescale_when_needed)
 
