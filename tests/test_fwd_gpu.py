@@ -476,6 +476,18 @@ RISING_SCORES_SCALE = 30.0
 SPIKE_KEY_SCALE = 200.0
 
 
+def _shaped_score_inputs(scores, seqlen_q, seqlen_k, head_dim, seed):
+    """Inputs whose scores are "random", "rising" (keys scaled up towards key 0 by up to
+    RISING_SCORES_SCALE) or "spike" (key 0 scaled by SPIKE_KEY_SCALE)."""
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    if scores == "rising":
+        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
+        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
+    elif scores == "spike":
+        k[:, 0] = (k[:, 0].float() * SPIKE_KEY_SCALE).to(k.dtype)
+    return q, k, v
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("check", ("max", "sums"))
@@ -494,12 +506,7 @@ def test_lazy_rescale_matches_reference(head_dim, causal, check, scores, seqlen_
     # tile's first row sees exactly the keys up to the end of a block, so it reaches that
     # block, unmasked, with max -inf.
     seed = hash(("lazy-rescale", head_dim, causal, check, scores, seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    if scores == "rising":
-        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
-        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
-    elif scores == "spike":
-        k[:, 0] = (k[:, 0].float() * SPIKE_KEY_SCALE).to(k.dtype)
+    q, k, v = _shaped_score_inputs(scores, seqlen_q, seqlen_k, head_dim, seed)
     out, lse = _run_config_variant(q, k, v, causal, lazy_rescale=True, lazy_check_by_sums=check == "sums")
     out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
     out_torch, lse_torch = reference.attention_in_dtype(q, k, v, causal=causal)
@@ -516,12 +523,7 @@ def test_exp2_on_fma_candidate_matches_reference(every, causal, scores, seqlen_q
     # (exp2_on_fma_every, head dim 64): within 7.5e-5 of 2^x and clamped to [-126, 127], so
     # the spike key's overflow still reads as past LARGEST_REBASED_P; against the reference.
     seed = hash(("exp2-on-fma", every, causal, scores, seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, 64, torch.bfloat16, seed)
-    if scores == "rising":
-        ramp = torch.linspace(RISING_SCORES_SCALE, 1.0, seqlen_k, device="cuda")
-        k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
-    elif scores == "spike":
-        k[:, 0] = (k[:, 0].float() * SPIKE_KEY_SCALE).to(k.dtype)
+    q, k, v = _shaped_score_inputs(scores, seqlen_q, seqlen_k, 64, seed)
     changes = dict(lazy_rescale=True, lazy_check_by_sums=True, exp2_on_fma_every=every)
     out, lse = _run_config_variant(q, k, v, causal, **changes)
     out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
