@@ -13,8 +13,9 @@ from __future__ import annotations
 import struct
 
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .inline_ptx import ptx_on_f32
 
 # Adding 1.5 * 2^23 to an fp32 of magnitude below 2^22 rounds it to an integer, which the
 # sum holds in its low mantissa bits (two's complement, offset by 2^22).
@@ -61,13 +62,4 @@ def exp2_on_fma(x: Float32, *, loc=None, ip=None) -> Float32:
     """2^x without MUFU, within 7.5e-5; x is clamped to [-126, 127] first: below, about
     2^-126 (where MUFU.EX2 gives 0, which no 16-bit P tells apart beside a row max of 1),
     above, about 2^127 (where MUFU.EX2 gives 2^x or inf)."""
-    result = llvm.inline_asm(
-        T.f32(),
-        [Float32(x).ir_value(loc=loc, ip=ip)],
-        _EXP2_ON_FMA,
-        "=f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Float32(result)
+    return ptx_on_f32(_EXP2_ON_FMA, (x,), Float32, pinned=False, loc=loc, ip=ip)

@@ -17,42 +17,24 @@ from typing import Type
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from .e4m3_codes import F16_INTEGER_BASE_X2_BITS
+from .inline_ptx import ptx_on_f32
 
 
 @dsl_user_op
 def pack_pair(lo: Float32, hi: Float32, dtype: Type[cutlass.Numeric], *, loc=None, ip=None) -> Int32:
     """One 32-bit register holding ``lo`` (low half) and ``hi`` rounded to ``dtype``."""
     kind = {cutlass.BFloat16: "bf16x2", cutlass.Float16: "f16x2"}[dtype]
-    # Marked as having side effects so the conversion stays where it is written: before the
-    # warpgroup fence of the GEMM that reads the register.
-    packed = llvm.inline_asm(
-        T.i32(),
-        [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-        f"cvt.rn.{kind}.f32 $0, $1, $2;",
-        "=r,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Int32(packed)
+    # Pinned so the conversion stays where it is written: before the warpgroup fence of the
+    # GEMM that reads the register.
+    return ptx_on_f32(f"cvt.rn.{kind}.f32 $0, $1, $2;", (hi, lo), Int32, pinned=True, loc=loc, ip=ip)
 
 
 def _pack_quad(asm: str, quad: tuple, loc, ip) -> Int32:
     """One 32-bit register from four fp32 values ($1 to $4) by ``asm``, which writes $0."""
-    packed = llvm.inline_asm(
-        T.i32(),
-        [Float32(x).ir_value(loc=loc, ip=ip) for x in quad],
-        asm,
-        "=r,f,f,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Int32(packed)
+    return ptx_on_f32(asm, quad, Int32, pinned=True, loc=loc, ip=ip)
 
 
 @dsl_user_op

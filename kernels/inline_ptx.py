@@ -1,0 +1,30 @@
+"""Inline PTX on fp32 operands, for the few instructions CuTe-DSL does not wrap."""
+
+from __future__ import annotations
+
+from typing import Type, Union
+
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
+
+# PTX register constraints of the result types: a 32-bit integer or an fp32 register.
+_RESULT_CONSTRAINT = {Int32: "=r", Float32: "=f"}
+
+
+def ptx_on_f32(
+    asm: str, inputs: tuple, result: Type[Union[Int32, Float32]], pinned: bool, loc=None, ip=None
+) -> Union[Int32, Float32]:
+    """``asm`` with the fp32 ``inputs`` as $1, $2, ... writing ``result``'s register $0.
+    ``pinned``: marked as having side effects, so the code stays where it is written (a
+    conversion before the fence of the GEMM that reads it); else the compilers may move it."""
+    value = llvm.inline_asm(
+        T.i32() if result is Int32 else T.f32(),
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in inputs],
+        asm,
+        ",".join([_RESULT_CONSTRAINT[result]] + ["f"] * len(inputs)),
+        has_side_effects=pinned,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return result(value)
