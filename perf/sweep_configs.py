@@ -9,6 +9,7 @@ decides nothing below that. Each candidate's largest distance to torch SDPA's ou
 for the backward) is printed beside its time: a fast wrong kernel is no candidate.
 
     python perf/sweep_configs.py [--pass bwd] [--hdim 128] [--seqlen 2048 8192] [--rounds 5] [--group 8]
+                                 [--candidates '[{"kv_stages": 3}]']
                                  [--out perf/results/h200/DATE-sweep.json]
 
 With ``--out``, the records (each candidate's rounds and distance, the versions, the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -651,6 +653,9 @@ def main() -> None:
                         help="query heads per kv head (GQA/MQA when > 1), as `python -m flash4 bench --group`")
     parser.add_argument("--control", action="store_true",
                         help="time the selector's configuration a second time, after the candidates")
+    parser.add_argument("--candidates", type=json.loads, default=None,
+                        help="a JSON list of changes timed in place of the pass's CANDIDATES at every --hdim, "
+                             "for a one-off probe that should not be committed as the next candidates")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
     payload = {
@@ -670,7 +675,8 @@ def main() -> None:
                 shape.head_dim, shape.causal, grouped, seqlen_k=shape.seqlen,
                 kv_units=shape.batch * shape.heads // shape.group, sms=device_sms(torch.cuda.current_device()),
             )
-            changes = BACKWARD_CANDIDATES[shape.head_dim] + (GROUPED_BACKWARD_CANDIDATES if grouped else [])
+            changes = args.candidates or (
+                BACKWARD_CANDIDATES[shape.head_dim] + (GROUPED_BACKWARD_CANDIDATES if grouped else []))
             for change in changes:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "selector"
                 try:
@@ -686,7 +692,7 @@ def main() -> None:
             from flash4.dispatch import FP8_DTYPE
 
             base = select("sm_90a", FP8_DTYPE, shape.head_dim, shape.causal, shape.seqlen, group=args.group)
-            for change in FP8_CANDIDATES[shape.head_dim]:
+            for change in args.candidates or FP8_CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 try:
                     config = dataclasses.replace(base.config, **change)
@@ -697,7 +703,7 @@ def main() -> None:
                 providers["table again"] = fp8_candidate(base, diffs, "table again")
         else:
             base = select("sm_90a", "bfloat16", shape.head_dim, shape.causal, shape.seqlen, group=args.group)
-            for change in CANDIDATES[shape.head_dim]:
+            for change in args.candidates or CANDIDATES[shape.head_dim]:
                 label = ",".join(f"{k}={v}" for k, v in change.items()) or "table"
                 try:
                     config = dataclasses.replace(base.config, **change)
