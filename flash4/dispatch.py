@@ -182,8 +182,12 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       causal at 512 keeps no lazy_rescale. A probe with no check at all ran d64 full 16k
       at 583 (-fwd-probe-kept-max-check*.json).
     - Not taken: a share of head dim 64's exponentials on the FMA pipe (a cubic, 8
-      instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more
-      (perf/sweep_configs.py).
+      instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more, and
+      on top of the check by sums every 16th still lost 1-6% (perf/sweep_configs.py).
+      Head dim 64 causal 512, which ties cuDNN (261 against 260): no change to its row
+      ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
+      -fwd-sweep-d64-causal-512.json). Head dim 128 unmasked 16k without its clusters:
+      712 against 710, a tie (-fwd-sweep-d128-no-multicast.json).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(

@@ -171,11 +171,6 @@ class Sm90ForwardConfig:
     # Causal rows that have seen no key rebase before their exponentials. The rows of
     # every head dim take it but 256 causal (+2-10%; flash4/dispatch.py).
     lazy_check_by_sums: bool = False
-    # CANDIDATE: every this many columns of a thread's row in the common branch of the
-    # check by sums, 2^x by a cubic on the FMA pipe instead of MUFU.EX2
-    # (kernels/fma_exp2.py); 0: none. With the max gone from that branch, a head-dim-64
-    # step asks MUFU for about 512 clocks a warp and issue for about 270.
-    exp2_on_fma_every: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -235,10 +230,6 @@ class Sm90ForwardConfig:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
         if self.lazy_check_by_sums and not self.lazy_rescale:
             raise ValueError("lazy_check_by_sums=True: only with lazy_rescale=True")
-        if self.exp2_on_fma_every < 0 or (self.exp2_on_fma_every and not self.lazy_check_by_sums):
-            raise ValueError(
-                f"exp2_on_fma_every={self.exp2_on_fma_every}: 0, or a positive count with lazy_check_by_sums=True"
-            )
         if self.lazy_check_by_sums and self.q_in_registers:
             raise ValueError(
                 "lazy_check_by_sums=True: not with q_in_registers=True (overflowed scores are computed again "

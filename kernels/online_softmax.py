@@ -16,7 +16,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .e4m3_codes import CODES_PER_OCTAVE, code_base
-from .fma_exp2 import exp2_on_fma
 from .mma_layouts import acc_rows_cols, leading_columns
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -32,7 +31,7 @@ LARGEST_REBASED_P = 2.0**126
 
 
 class OnlineSoftmax:
-    def __init__(self, scale_log2: Float32, rows: int, sum_from_rescaled: bool = False, exp2_on_fma_every: int = 0):
+    def __init__(self, scale_log2: Float32, rows: int, sum_from_rescaled: bool = False):
         self.scale_log2 = scale_log2
         self.rows = rows
         # The row sum's additions start from the old sum times O's factor instead of from 0:
@@ -40,9 +39,6 @@ class OnlineSoftmax:
         # among the block's MUFU.EX2 instead of after the last one (ncu, head dim 64: the
         # exp stream then throttled less, as in flash-attn-4). It pays where MUFU binds.
         self.sum_from_rescaled = sum_from_rescaled
-        # Every this many columns of a thread's row, ``exp_under_kept_max``'s exponential
-        # runs on the FMA pipe (kernels/fma_exp2.py); 0: none.
-        self.exp2_on_fma_every = exp2_on_fma_every
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
@@ -122,20 +118,9 @@ class OnlineSoftmax:
         s = acc_rows_cols(acc_s)
         partials = cute.make_rmem_tensor(self.rows, Float32)
         over = False
-        every = self.exp2_on_fma_every
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            x = row * self.scale_log2 - self.row_max[r] * self.scale_log2
-            if cutlass.const_expr(every == 0):
-                p = cute.math.exp2(x, fastmath=True)
-            else:
-                s[r, None].store(x)
-                for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    if cutlass.const_expr(j % every == 0):
-                        s[r, j] = exp2_on_fma(s[r, j])
-                    else:
-                        s[r, j] = cute.math.exp2(s[r, j], fastmath=True)
-                p = s[r, None].load()
+            p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
             s[r, None].store(p)
             partials[r] = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             over = over | (partials[r] > MAX_HEADROOM)

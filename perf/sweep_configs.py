@@ -242,14 +242,16 @@ from flash4.interface import LOG2_E
 # head dim 128 too. A first rebasing by whole octaves (P's largest value left in [1, 2))
 # put one-hot rows one bf16 step off V's row (that P rounded in 16 bits, the sum not):
 # the spike test caught it.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    # The FMA pipe's exponentials again, now that the check by sums left MUFU binding
-    # (run with --hdim 64), and head dim 128 unmasked 16k without its clusters (8k, one
-    # CTA per pair of query blocks no more, ran 714 against 16k's 690 in the clusters).
-    64: [dict(exp2_on_fma_every=16), dict(exp2_on_fma_every=8)],
-    128: [dict(kv_multicast=False)],
-    256: [dict()],
-}
+# Then (2026-11-30, three rounds, --control, medians, table again -> candidates): the FMA
+# pipe's exponentials on top of the check by sums, every 16th / 8th
+# (-fwd-sweep-exp2-on-fma-by-sums.json): d64 full 1k / 4k / 16k 450 -> 438 / 436, 541 ->
+# 525 / 523, 589 -> 555 / 548; causal 341 -> 338 / 329, 478 -> 467 / 451, 552 -> 538 /
+# 522. Lost again; removed. Head dim 128 unmasked 16k without its clusters 710 -> 712
+# (-fwd-sweep-d128-no-multicast.json): a tie, not taken. Head dim 64 causal 512 (row 261,
+# cuDNN 260; --candidates, -fwd-sweep-d64-causal-512.json): lazy_rescale with the sums
+# 255, dynamic_tiles 250, masked_column_slices 2 / 0 255 / 254, kv_stages=3 259, tile_n=64
+# 234, one tile per CTA 187. None taken.
+CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q
