@@ -61,6 +61,12 @@ class Sm90ForwardConfig:
     causal: bool = False
     # Round-robin GEMM issue between consumer warpgroups (see pipelines.named_barriers).
     pingpong: bool = True
+    # CANDIDATE: the tile's first S GEMM also waits for the warpgroup's turn. Without the
+    # turn every warpgroup issues that GEMM at once and then all run the first block's
+    # softmax together while the tensor cores idle; in turn, the first warpgroup's softmax
+    # runs under the next one's GEMM. Short causal tiles (2.5 key blocks a tile at 512)
+    # pay that idle stretch once per tile.
+    first_block_turn: bool = False
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
@@ -228,6 +234,8 @@ class Sm90ForwardConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [16, 256]")
         if self.lazy_rescale and self.fp8:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
+        if self.first_block_turn and not self.pingpong:
+            raise ValueError("first_block_turn=True: only with pingpong=True")
         if self.lazy_check_by_sums and not self.lazy_rescale:
             raise ValueError("lazy_check_by_sums=True: only with lazy_rescale=True")
         if self.lazy_check_by_sums and self.q_in_registers:

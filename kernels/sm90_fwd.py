@@ -733,6 +733,9 @@ class Sm90ForwardKernel:
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
         rings.k.consumer_wait(state)
+        first_turn = self.pingpong and self.config.first_block_turn
+        if cutlass.const_expr(first_turn):
+            pingpong.wait_turn()
         acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
         if cutlass.const_expr(self.config.skip_unseen_first_block):
             # A warpgroup that skips the GEMM keeps -inf, what the mask would have made of
@@ -742,8 +745,12 @@ class Sm90ForwardKernel:
                 warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
                 warpgroup.wait_group(0)
             block = softmax.block_inputs(n_block)
+            if cutlass.const_expr(first_turn):
+                pingpong.pass_turn()
         else:
             warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
+            if cutlass.const_expr(first_turn):
+                pingpong.pass_turn()
             block = softmax.block_inputs(n_block)
             warpgroup.wait_group(0)
         rings.k.consumer_release(state)

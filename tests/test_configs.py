@@ -40,6 +40,8 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         # The FP8 softmax keeps its own row sum.
         (dict(head_dim=128, tile_n=128, fp8=True, sum_from_rescaled=True), "sum_from_rescaled=True"),
         (dict(head_dim=128, tile_n=128, fp8=True, lazy_rescale=True), "lazy_rescale=True: the 16-bit softmax only"),
+        # The first block's turn is a ping-pong turn.
+        (dict(head_dim=128, tile_n=128, pingpong=False, first_block_turn=True), "first_block_turn=True: only with pingpong"),
         # The check by sums recomputes overflowed scores from Q's and K's slots.
         (dict(head_dim=64, tile_n=128, lazy_check_by_sums=True), "lazy_check_by_sums=True: only with lazy_rescale"),
         (dict(head_dim=64, tile_n=128, lazy_rescale=True, lazy_check_by_sums=True, q_in_registers=True),

@@ -407,6 +407,26 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, 
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2)), ids=("64", "64-3wg", "128"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize(
+    "seqlen_q,seqlen_k", ((1, 1), (17, 17), (512, 512), (1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
+)
+def test_candidate_first_block_turn_changes_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
+    # The tile's first S GEMM issued in the ping-pong turn (first_block_turn): only when
+    # each warpgroup issues changes, not what it computes, so the same bits. The turn
+    # carries from tile to tile of a persistent CTA, so an unbalanced wait would hang or
+    # reorder a later tile: 4 * 8 heads give every CTA several tiles, one-block tiles (17,
+    # 512 causal's first), tiles that see no key and skip the loop (1000 queries on 17
+    # keys, causal), and at 3000 causal the dynamic grid at head dim 64.
+    seed = hash(("first-block-turn", head_dim, warpgroups, causal, seqlen_q, seqlen_k)) % 2**31
+    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
+    tiles = dict(consumer_warpgroups=warpgroups)
+    want, want_lse = _run_config_variant(q, k, v, causal, **tiles)
+    out, lse = _run_config_variant(q, k, v, causal, first_block_turn=True, **tiles)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 @pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize(
