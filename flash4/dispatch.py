@@ -188,6 +188,14 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
       -fwd-sweep-d64-causal-512.json). Head dim 128 unmasked 16k without its clusters:
       712 against 710, a tie (-fwd-sweep-d128-no-multicast.json).
+    - The tile's first S GEMM in the ping-pong turn (first_block_turn; three rounds,
+      --control, -fwd-sweep-first-block-turn.json; table again -> with it), taken at head
+      dim 128: full 512 / 1k / 4k / 16k 519 -> 533, 596 -> 601, 684 -> 694, 714 -> 717;
+      causal 360 -> 363, 464 -> 470, 604 -> 606, 657 -> 658 (the fastest rounds the same
+      way: 522 -> 544, 599 -> 658, 687 -> 717, 717 -> 717). Not at 64: full 396 -> 401,
+      451 -> 456, 547 -> 549, 581 -> 579; causal 260 -> 258, 343 -> 343, 479 -> 479,
+      564 -> 561 (at causal 512, where the warpgroups' first softmaxes were thought to
+      leave the tensor cores idle, no gain).
     """
     tile_n = _SM90_TILE_N[head_dim]
     base = Sm90ForwardConfig(
@@ -196,6 +204,7 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
         q_stages=1 if head_dim == 256 else 2, sum_from_rescaled=head_dim == 64,
         o_store_per_warpgroup=head_dim == 64 or (head_dim == 128 and causal),
         lazy_rescale=True, lazy_check_by_sums=not (head_dim == 256 and causal),
+        first_block_turn=head_dim == 128,
     )
     if head_dim == 256 and causal:
         skipping = replace(base, skip_unseen_first_block=True)

@@ -61,11 +61,10 @@ class Sm90ForwardConfig:
     causal: bool = False
     # Round-robin GEMM issue between consumer warpgroups (see pipelines.named_barriers).
     pingpong: bool = True
-    # CANDIDATE: the tile's first S GEMM also waits for the warpgroup's turn. Without the
-    # turn every warpgroup issues that GEMM at once and then all run the first block's
-    # softmax together while the tensor cores idle; in turn, the first warpgroup's softmax
-    # runs under the next one's GEMM. Short causal tiles (2.5 key blocks a tile at 512)
-    # pay that idle stretch once per tile.
+    # The tile's first S GEMM also waits for the warpgroup's turn. Without the turn every
+    # warpgroup issues that GEMM at once and then all run the first block's softmax
+    # together while the tensor cores idle; in turn, the first warpgroup's softmax runs
+    # under the next one's GEMM. Head dim 128 takes it (+0-3%, flash4/dispatch.py).
     first_block_turn: bool = False
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is

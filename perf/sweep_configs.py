@@ -251,13 +251,10 @@ from flash4.interface import LOG2_E
 # cuDNN 260; --candidates, -fwd-sweep-d64-causal-512.json): lazy_rescale with the sums
 # 255, dynamic_tiles 250, masked_column_slices 2 / 0 255 / 254, kv_stages=3 259, tile_n=64
 # 234, one tile per CTA 187. None taken.
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    # The tile's first S GEMM in the ping-pong turn, so the warpgroups' first softmaxes no
-    # longer run together with the tensor cores idle (run with --hdim 64 128).
-    64: [dict(first_block_turn=True)],
-    128: [dict(first_block_turn=True)],
-    256: [dict()],
-}
+# The tile's first S GEMM in the ping-pong turn (first_block_turn;
+# -fwd-sweep-first-block-turn.json, 48 GPU tests of the same bits): taken at head dim 128
+# (+0-3%), tied or lost at 64 (flash4/dispatch.py has the numbers).
+CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
 # the preprocess's loads all issued first (within noise), K and V counted on the first Q

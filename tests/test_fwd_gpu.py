@@ -412,7 +412,7 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, 
 @pytest.mark.parametrize(
     "seqlen_q,seqlen_k", ((1, 1), (17, 17), (512, 512), (1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000))
 )
-def test_candidate_first_block_turn_changes_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
+def test_first_block_turn_changes_no_bit(head_dim, warpgroups, causal, seqlen_q, seqlen_k):
     # The tile's first S GEMM issued in the ping-pong turn (first_block_turn): only when
     # each warpgroup issues changes, not what it computes, so the same bits. The turn
     # carries from tile to tile of a persistent CTA, so an unbalanced wait would hang or
@@ -422,7 +422,7 @@ def test_candidate_first_block_turn_changes_no_bit(head_dim, warpgroups, causal,
     seed = hash(("first-block-turn", head_dim, warpgroups, causal, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     tiles = dict(consumer_warpgroups=warpgroups)
-    want, want_lse = _run_config_variant(q, k, v, causal, **tiles)
+    want, want_lse = _run_config_variant(q, k, v, causal, first_block_turn=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, first_block_turn=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
