@@ -376,10 +376,12 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     # multiply-adds in the same order as with Q in shared memory: the same bits, for tiles
     # that see one key block, many, or none (causal, 1000 queries on 17 keys), and Q slots
     # released early then reused by later tiles of a persistent CTA. Two consumer
-    # warpgroups at head dim 64, where three run out of registers with Q held.
+    # warpgroups at head dim 64, where three run out of registers with Q held; lazy_rescale
+    # checked by the max, since the check by sums reads Q's slot again.
     seed = hash(("q-in-registers", head_dim, causal, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     tiles = dict(consumer_warpgroups=2) if head_dim == 64 else {}
+    tiles.update(lazy_check_by_sums=False)
     want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
     out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
