@@ -161,6 +161,14 @@ def _run_config_variant(q, k, v, causal, **changes):
     return out, lse
 
 
+def _check_same_bits(q, k, v, causal, before: dict, after: dict) -> None:
+    """The table's kernel for these inputs with the ``before`` and the ``after`` changes to
+    its config: the same output and LSE, bit for bit."""
+    want, want_lse = _run_config_variant(q, k, v, causal, **before)
+    out, lse = _run_config_variant(q, k, v, causal, **after)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 def _check_config_variant(head_dim, causal, seqlen_q, seqlen_k, **changes):
     """The table's bf16 kernel for this case with ``changes`` to its config, against the
     reference, on 4 batch entries of 8 query heads and 2 kv heads."""
@@ -363,9 +371,7 @@ def test_other_p_order_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     default = select("sm_90a", "bfloat16", head_dim, causal, seqlen_q).config.p_before_rescale
     seed = hash(("p-before-rescale", head_dim, causal, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(2, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    want, want_lse = _run_config_variant(q, k, v, causal)
-    out, lse = _run_config_variant(q, k, v, causal, p_before_rescale=not default)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(q, k, v, causal, {}, dict(p_before_rescale=not default))
 
 
 @pytest.mark.parametrize("head_dim", (64, 128))
@@ -382,9 +388,7 @@ def test_q_in_registers_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     tiles = dict(consumer_warpgroups=2) if head_dim == 64 else {}
     tiles.update(lazy_check_by_sums=False)
-    want, want_lse = _run_config_variant(q, k, v, causal, q_in_registers=False, **tiles)
-    out, lse = _run_config_variant(q, k, v, causal, q_in_registers=True, **tiles)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(q, k, v, causal, dict(q_in_registers=False, **tiles), dict(q_in_registers=True, **tiles))
 
 
 @pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
@@ -424,9 +428,7 @@ def test_first_block_turn_changes_no_bit(head_dim, warpgroups, causal, seqlen_q,
     seed = hash(("first-block-turn", head_dim, warpgroups, causal, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     tiles = dict(consumer_warpgroups=warpgroups)
-    want, want_lse = _run_config_variant(q, k, v, causal, first_block_turn=False, **tiles)
-    out, lse = _run_config_variant(q, k, v, causal, first_block_turn=True, **tiles)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(q, k, v, causal, dict(first_block_turn=False, **tiles), dict(first_block_turn=True, **tiles))
 
 
 @pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2), (256, 2)), ids=("64", "64-3wg", "128", "256"))
@@ -446,9 +448,7 @@ def test_masked_column_slices_change_no_bit(head_dim, warpgroups, causal, seqlen
     if head_dim == 256:
         # Its 80-key blocks do not cut into 8-column-group slices; 64-key ones do.
         tiles.update(tile_n=64)
-    want, want_lse = _run_config_variant(q, k, v, causal, masked_column_slices=0, **tiles)
-    out, lse = _run_config_variant(q, k, v, causal, masked_column_slices=4, **tiles)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(q, k, v, causal, dict(masked_column_slices=0, **tiles), dict(masked_column_slices=4, **tiles))
 
 
 @pytest.mark.parametrize("slices", (2, 8))
@@ -459,9 +459,11 @@ def test_other_slice_counts_change_no_bit(slices, seqlen_q, seqlen_k):
     head_dim = 64
     seed = hash(("slice-counts", head_dim, slices, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    want, want_lse = _run_config_variant(q, k, v, True, masked_column_slices=0, consumer_warpgroups=2)
-    out, lse = _run_config_variant(q, k, v, True, masked_column_slices=slices, consumer_warpgroups=2)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(
+        q, k, v, True,
+        dict(masked_column_slices=0, consumer_warpgroups=2),
+        dict(masked_column_slices=slices, consumer_warpgroups=2),
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,9 +485,11 @@ def test_skip_unseen_first_block_changes_no_bit(head_dim, tiles, seqlen_q, seqle
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
     if tiles.get("persistent") is False:
         tiles = dict(tiles, q_stages=1, o_store_per_warpgroup=False)
-    want, want_lse = _run_config_variant(q, k, v, True, skip_unseen_first_block=False, **tiles)
-    out, lse = _run_config_variant(q, k, v, True, skip_unseen_first_block=True, **tiles)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(
+        q, k, v, True,
+        dict(skip_unseen_first_block=False, **tiles),
+        dict(skip_unseen_first_block=True, **tiles),
+    )
 
 
 # Key rows scaled up towards key 0 by up to this factor: the key loop walks down from the
@@ -550,9 +554,11 @@ def _check_kv_multicast_changes_no_bit(head_dim, causal, persistent, seqlen_q, s
     slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
     seed = hash(("kv-multicast", head_dim, causal, persistent, seqlen_q, seqlen_k)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    want, want_lse = _run_config_variant(q, k, v, causal, persistent=persistent, **slots)
-    out, lse = _run_config_variant(q, k, v, causal, persistent=persistent, kv_multicast=True, **slots)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _check_same_bits(
+        q, k, v, causal,
+        dict(persistent=persistent, **slots),
+        dict(persistent=persistent, kv_multicast=True, **slots),
+    )
 
 
 # (seqlen_q, seqlen_k, query heads, kv heads): groups of 2, 4 and 8 (MQA) query heads.
@@ -575,11 +581,11 @@ def test_kv_multicast_head_clusters_changes_no_bit(head_dim, causal, persistent,
     slots = {} if persistent else dict(q_stages=1, o_store_per_warpgroup=False)
     seed = hash(("head-clusters", head_dim, causal, persistent, seqlen_q, seqlen_k, kv_heads)) % 2**31
     q, k, v = _inputs(4, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, seed)
-    want, want_lse = _run_config_variant(q, k, v, causal, persistent=persistent, kv_multicast=False, **slots)
-    out, lse = _run_config_variant(
-        q, k, v, causal, persistent=persistent, kv_multicast=True, cluster_heads=True, **slots
+    _check_same_bits(
+        q, k, v, causal,
+        dict(persistent=persistent, kv_multicast=False, **slots),
+        dict(persistent=persistent, kv_multicast=True, cluster_heads=True, **slots),
     )
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
 @pytest.mark.parametrize("head_dim", (128, 256))
