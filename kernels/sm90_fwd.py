@@ -23,7 +23,7 @@ Named barriers: WARPGROUP_TURN_0 + w (ping-pong of GEMM issue), EPILOGUE (O in s
 EPILOGUE_WARPGROUP_0 + w where each warpgroup stores its own rows of O.
 
 Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
-  S = Q K[n_max-1]; mask; softmax -> P
+  S = Q K[n_max-1] (issued in the ping-pong turn: first_block_turn); mask; softmax -> P
   for each further block j:   issue S_j = Q K_j;  issue O += P V[j+1];  wait S_j
                               mask (if needed); softmax S_j;  wait P V;  rescale O;  P = P_j
   O += P V[n_min];  O *= 1/l;  O -> smem (its own buffer where it fits, else Q's) -> TMA
