@@ -248,7 +248,8 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        grid = self.scheduler(mQ).grid(max_ctas)
+        scheduler = self.scheduler(mQ)
+        grid = scheduler.grid(max_ctas)
         cluster = {}
         if cutlass.const_expr(ctas > 1):
             cluster = dict(cluster=[ctas, 1, 1])
@@ -258,7 +259,7 @@ class Sm90ForwardKernel:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mQDescale, mKDescale, mVDescale, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-            softmax_scale_log2,
+            softmax_scale_log2, scheduler,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv,
             self.shared_storage(sQ_layout, sK_layout, sV_layout, sO_layout),
@@ -324,6 +325,7 @@ class Sm90ForwardKernel:
             dynamic=self.config.dynamic_tiles,
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
+            fast_divmod=self.config.fast_tile_divmod,
         )
 
     # ---------------------------------------------------------------- device side
@@ -344,6 +346,7 @@ class Sm90ForwardKernel:
         tma_atom_V: cute.CopyAtom,
         tma_atom_O: cute.CopyAtom,
         softmax_scale_log2: Float32,
+        scheduler: TileScheduler,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -390,7 +393,6 @@ class Sm90ForwardKernel:
             )
         finish_init(cluster=ctas > 1)
 
-        scheduler = self.scheduler(mQ)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:

@@ -81,6 +81,8 @@ class TileScheduler:
         cluster_ctas: int = 1,
         cluster_heads: bool = False,
         dynamic: bool = False,
+        divisors: tuple | None = None,
+        fast_divmod: bool = True,
     ):
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
@@ -95,16 +97,37 @@ class TileScheduler:
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
         self.dynamic = dynamic
+        # A position's (tile of its head, head, batch) by multiply and shift: a division by
+        # a run-time value is ~25 dependent instructions, which every consumer warp paid at
+        # every tile start (ncu, head dim 64 causal 512: 5% of their stall samples). Built
+        # where the scheduler is made, on the host, and passed to the kernel.
+        self.fast_divmod = fast_divmod
+        if not fast_divmod:
+            divisors = (self.tiles_per_head(), self.head_units() if persistent else heads)
+        if divisors is None:
+            divisors = (
+                cute.fast_divmod_create_divisor_v2(self.tiles_per_head()),
+                cute.fast_divmod_create_divisor_v2(self.head_units() if persistent else heads),
+            )
+        self.per_head_divisor, self.heads_divisor = divisors
 
-    # A scheduler is read inside the kernel's dynamic tile loop, so the DSL must be able to
-    # carry it through the loop as run-time values (its three sizes).
+    # A scheduler is a kernel argument, read inside the kernel's dynamic tile loop, so the
+    # DSL must be able to carry it as run-time values: its three sizes and two divisors.
     def __extract_mlir_values__(self) -> list:
-        return [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
+        sizes = [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
+        if not self.fast_divmod:
+            return sizes
+        divisors = [v for d in (self.per_head_divisor, self.heads_divisor) for v in d.__extract_mlir_values__()]
+        return sizes + divisors
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
+        divisors = None
+        if self.fast_divmod:
+            divisors = (self.per_head_divisor.__new_from_mlir_values__(values[3:5]),
+                        self.heads_divisor.__new_from_mlir_values__(values[5:7]))
         return TileScheduler(
-            *(Int32(v) for v in values), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.dynamic,
+            *(Int32(v) for v in values[:3]), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
+            self.cluster_heads, self.dynamic, divisors, self.fast_divmod,
         )
 
     def units_per_head(self) -> Int32:
@@ -121,6 +144,14 @@ class TileScheduler:
 
     def pairs_per_head(self) -> Int32:
         return (self.units_per_head() + 1) // 2
+
+    def tiles_per_head(self) -> Int32:
+        """The positions' fastest-varying count: pairs, units or query blocks of one head."""
+        if self.causal_pairs:
+            return self.pairs_per_head()
+        if self.persistent:
+            return self.units_per_head()
+        return self.num_m_blocks
 
     def work_units(self) -> Int32:
         """What the CTAs (or persistent clusters) share out: pairs of units, or units."""
@@ -184,7 +215,7 @@ class TileScheduler:
         paired with itself and only its first position counts."""
         ok = position < self.end()
         if cutlass.const_expr(self.causal_pairs):
-            pair = (position // 2) % self.pairs_per_head()
+            pair = (position // 2) % self.per_head_divisor
             ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.units_per_head())
         return ok
 
@@ -194,19 +225,15 @@ class TileScheduler:
         if cutlass.const_expr(self.dynamic):
             m_block, entry = dynamic_tile(position, self.num_m_blocks, self.heads * self.batch, self.walkers())
             return m_block, entry % self.heads, entry // self.heads
-        per_head = self.num_m_blocks
-        heads = self.heads
         index = position
-        if cutlass.const_expr(self.persistent):
-            per_head = self.units_per_head()
-            heads = self.head_units()
         if cutlass.const_expr(self.causal_pairs):
-            per_head = self.pairs_per_head()
             index = position // 2
-        m_block = index % per_head
-        rest = index // per_head
-        head = rest % heads
-        batch = rest // heads
+        if cutlass.const_expr(self.fast_divmod):
+            rest, m_block = divmod(index, self.per_head_divisor)
+            batch, head = divmod(rest, self.heads_divisor)
+        else:
+            rest, m_block = index // self.per_head_divisor, index % self.per_head_divisor
+            batch, head = rest // self.heads_divisor, rest % self.heads_divisor
         if cutlass.const_expr(self.causal_pairs):
             # The long unit first, then its short mate.
             if position % 2 == 0:
