@@ -248,7 +248,7 @@ class Sm90ForwardKernel:
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
-        scheduler = self.scheduler(mQ)
+        scheduler = self.scheduler(mQ, max_ctas)
         grid = scheduler.grid(max_ctas)
         cluster = {}
         if cutlass.const_expr(ctas > 1):
@@ -307,8 +307,9 @@ class Sm90ForwardKernel:
             fields["tile_positions"] = cute.struct.MemRange[Int32, TILE_QUEUE_STAGES]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-    def scheduler(self, mQ: cute.Tensor) -> TileScheduler:
-        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch)."""
+    def scheduler(self, mQ: cute.Tensor, max_ctas: Int32) -> TileScheduler:
+        """Tiles of ``mQ`` viewed as (seqlen, head_dim, heads, batch), on at most ``max_ctas``
+        CTAs when persistent."""
         ctas = self.config.cluster_ctas
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         if cutlass.const_expr(ctas > 1 and not self.config.cluster_heads):
@@ -325,6 +326,7 @@ class Sm90ForwardKernel:
             dynamic=self.config.dynamic_tiles,
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
+            max_ctas=max_ctas,
             fast_divmod=self.config.fast_tile_divmod,
         )
 

@@ -49,24 +49,45 @@ from cutlass import Int32
 SECTION_ROUNDS = 2
 
 
-def dynamic_tile(index, num_m_blocks, entries, walkers):
-    """(query block, entry) of sorted position ``index`` in the dynamic order: sections of
-    (head, batch) entries, longest tiles first within each. Branch-free integer arithmetic,
-    so the same function runs in the kernel (Int32) and in the CPU tests (ints)."""
+def split(value, divisor):
+    """(value // divisor, value % divisor): one multiply and shift for a fast divisor."""
+    if isinstance(divisor, cute.FastDivmodDivisor):
+        return divmod(value, divisor)
+    return value // divisor, value % divisor
+
+
+def dynamic_sections(num_m_blocks, entries, walkers):
+    """(small, big): the dynamic order's sections hold ``small`` (head, batch) entries each,
+    the first ``big`` of them one more."""
     wanted = (SECTION_ROUNDS * walkers + num_m_blocks - 1) // num_m_blocks
     sections = cutlass.max(entries // wanted, 1)
     small = entries // sections
-    # The first ``big`` sections hold small + 1 entries, the others small.
-    big = entries - small * sections
+    return small, entries - small * sections
+
+
+def dynamic_divisors(num_m_blocks, small):
+    """What dynamic_tile divides by: the tiles of a big and of a small section, and the
+    entries of each."""
+    return (small + 1) * num_m_blocks, small * num_m_blocks, small + 1, small
+
+
+def dynamic_tile(index, num_m_blocks, small, big, divisors):
+    """(query block, entry) of sorted position ``index`` in the dynamic order: sections of
+    (head, batch) entries, longest tiles first within each. Branch-free integer arithmetic,
+    so the same function runs in the kernel (Int32, fast divisors) and in the CPU tests
+    (ints)."""
+    big_section, small_section, big_size, small_size = divisors
     big_tiles = big * (small + 1) * num_m_blocks
     in_big = cutlass.min(cutlass.max(big_tiles - index, 0), 1)
     rest = cutlass.max(index - big_tiles, 0)
-    start = in_big * (index // ((small + 1) * num_m_blocks) * (small + 1)) + (1 - in_big) * (
-        big * (small + 1) + rest // (small * num_m_blocks) * small
-    )
-    inside = in_big * (index % ((small + 1) * num_m_blocks)) + (1 - in_big) * (rest % (small * num_m_blocks))
-    size = small + in_big
-    return num_m_blocks - 1 - inside // size, start + inside % size
+    big_first, big_inside = split(index, big_section)
+    small_first, small_inside = split(rest, small_section)
+    big_row, big_entry = split(big_inside, big_size)
+    small_row, small_entry = split(small_inside, small_size)
+    start = in_big * big_first * (small + 1) + (1 - in_big) * (big * (small + 1) + small_first * small)
+    row = in_big * big_row + (1 - in_big) * small_row
+    entry = in_big * big_entry + (1 - in_big) * small_entry
+    return num_m_blocks - 1 - row, start + entry
 
 
 class TileScheduler:
@@ -81,9 +102,12 @@ class TileScheduler:
         cluster_ctas: int = 1,
         cluster_heads: bool = False,
         dynamic: bool = False,
-        divisors: tuple | None = None,
+        max_ctas: Int32 = 0,
+        state: tuple | None = None,
         fast_divmod: bool = True,
     ):
+        """``max_ctas``: a persistent grid's limit (see ``grid``), which sizes the dynamic
+        order's sections; ``state``: what ``host_state`` made, when the DSL rebuilds it."""
         if causal_pairs and not persistent:
             raise ValueError("causal pairs are a persistent schedule")
         if dynamic and (causal_pairs or not persistent or cluster_ctas > 1):
@@ -97,37 +121,47 @@ class TileScheduler:
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
         self.dynamic = dynamic
-        # A position's (tile of its head, head, batch) by multiply and shift: a division by
-        # a run-time value is ~25 dependent instructions, which every consumer warp paid at
-        # every tile start (ncu, head dim 64 causal 512: 5% of their stall samples). Built
-        # where the scheduler is made, on the host, and passed to the kernel.
         self.fast_divmod = fast_divmod
-        if not fast_divmod:
-            divisors = (self.tiles_per_head(), self.head_units() if persistent else heads)
-        if divisors is None:
-            divisors = (
-                cute.fast_divmod_create_divisor_v2(self.tiles_per_head()),
-                cute.fast_divmod_create_divisor_v2(self.head_units() if persistent else heads),
-            )
-        self.per_head_divisor, self.heads_divisor = divisors
+        # A position's tile is found by divisions by run-time values; each is ~25 dependent
+        # instructions, which every consumer warp paid at every tile start (ncu, head dim 64
+        # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
+        # it is built where the scheduler is made, on the host, and the scheduler passed to
+        # the kernel as an argument.
+        if state is None:
+            state = self.host_state(max_ctas)
+        self.sections, self.divisors = state
+
+    def host_state(self, max_ctas: Int32) -> tuple:
+        """(the dynamic order's (small, big), the divisors a position's tile needs)."""
+        heads = self.head_units() if self.persistent else self.heads
+        sections = (Int32(0), Int32(0))
+        divisors = (self.tiles_per_head(), heads)
+        if self.dynamic:
+            walkers = self.grid(max_ctas)[0]
+            sections = dynamic_sections(self.num_m_blocks, self.heads * self.batch, walkers)
+            divisors = (heads, *dynamic_divisors(self.num_m_blocks, sections[0]))
+        if self.fast_divmod:
+            divisors = tuple(cute.fast_divmod_create_divisor_v2(d) for d in divisors)
+        return sections, divisors
 
     # A scheduler is a kernel argument, read inside the kernel's dynamic tile loop, so the
-    # DSL must be able to carry it as run-time values: its three sizes and two divisors.
+    # DSL must be able to carry it as run-time values: its sizes and divisors.
     def __extract_mlir_values__(self) -> list:
-        sizes = [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
-        if not self.fast_divmod:
-            return sizes
-        divisors = [v for d in (self.per_head_divisor, self.heads_divisor) for v in d.__extract_mlir_values__()]
-        return sizes + divisors
+        sizes = (self.num_m_blocks, self.heads, self.batch, *self.sections)
+        values = [Int32(x).ir_value() for x in sizes]
+        for divisor in self.divisors:
+            values += divisor.__extract_mlir_values__() if self.fast_divmod else [Int32(divisor).ir_value()]
+        return values
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        divisors = None
-        if self.fast_divmod:
-            divisors = (self.per_head_divisor.__new_from_mlir_values__(values[3:5]),
-                        self.heads_divisor.__new_from_mlir_values__(values[5:7]))
+        sizes, rest = [Int32(v) for v in values[:5]], values[5:]
+        divisors = tuple(
+            d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) if self.fast_divmod else Int32(rest[i])
+            for i, d in enumerate(self.divisors)
+        )
         return TileScheduler(
-            *(Int32(v) for v in values[:3]), self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.dynamic, divisors, self.fast_divmod,
+            *sizes[:3], self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
+            self.cluster_heads, self.dynamic, state=((sizes[3], sizes[4]), divisors), fast_divmod=self.fast_divmod,
         )
 
     def units_per_head(self) -> Int32:
@@ -215,7 +249,7 @@ class TileScheduler:
         paired with itself and only its first position counts."""
         ok = position < self.end()
         if cutlass.const_expr(self.causal_pairs):
-            pair = (position // 2) % self.per_head_divisor
+            pair = split(position // 2, self.divisors[0])[1]
             ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.units_per_head())
         return ok
 
@@ -223,17 +257,14 @@ class TileScheduler:
     def tile(self, position: Int32) -> tuple[Int32, Int32, Int32]:
         """(query block, head, batch) of the tile at ``position``."""
         if cutlass.const_expr(self.dynamic):
-            m_block, entry = dynamic_tile(position, self.num_m_blocks, self.heads * self.batch, self.walkers())
-            return m_block, entry % self.heads, entry // self.heads
+            m_block, entry = dynamic_tile(position, self.num_m_blocks, *self.sections, self.divisors[1:])
+            batch, head = split(entry, self.divisors[0])
+            return m_block, head, batch
         index = position
         if cutlass.const_expr(self.causal_pairs):
             index = position // 2
-        if cutlass.const_expr(self.fast_divmod):
-            rest, m_block = divmod(index, self.per_head_divisor)
-            batch, head = divmod(rest, self.heads_divisor)
-        else:
-            rest, m_block = index // self.per_head_divisor, index % self.per_head_divisor
-            batch, head = rest // self.heads_divisor, rest % self.heads_divisor
+        rest, m_block = split(index, self.divisors[0])
+        batch, head = split(rest, self.divisors[1])
         if cutlass.const_expr(self.causal_pairs):
             # The long unit first, then its short mate.
             if position % 2 == 0:

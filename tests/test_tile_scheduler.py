@@ -6,9 +6,14 @@ import heapq
 
 import pytest
 
-from flash4.pipelines.tile_scheduler import SECTION_ROUNDS, dynamic_tile
+from flash4.pipelines.tile_scheduler import SECTION_ROUNDS, dynamic_divisors, dynamic_sections, dynamic_tile
 
 H200_SMS = 132
+
+
+def _dynamic_tile(index: int, num_m_blocks: int, entries: int, walkers: int) -> tuple[int, int]:
+    small, big = dynamic_sections(num_m_blocks, entries, walkers)
+    return dynamic_tile(index, num_m_blocks, small, big, dynamic_divisors(num_m_blocks, small))
 
 
 @pytest.mark.parametrize("num_m_blocks", (1, 2, 7, 8, 43, 86))
@@ -27,7 +32,7 @@ def test_dynamic_order_is_longest_first_in_sections(num_m_blocks, entries, walke
     for size in sizes:
         expected += [(m, e) for m in range(num_m_blocks - 1, -1, -1) for e in range(first, first + size)]
         first += size
-    order = [dynamic_tile(i, num_m_blocks, entries, walkers) for i in range(num_m_blocks * entries)]
+    order = [_dynamic_tile(i, num_m_blocks, entries, walkers) for i in range(num_m_blocks * entries)]
     assert order == expected
     assert sorted(order) == [(m, e) for m in range(num_m_blocks) for e in range(entries)]
 
@@ -46,7 +51,7 @@ def test_dynamic_order_keeps_the_sms_busy_on_causal_tiles(num_m_blocks, entries)
 
     free = [0.0] * H200_SMS
     for i in range(num_m_blocks * entries):
-        m, _ = dynamic_tile(i, num_m_blocks, entries, H200_SMS)
+        m, _ = _dynamic_tile(i, num_m_blocks, entries, H200_SMS)
         heapq.heappush(free, heapq.heappop(free) + cost(m))
     busy = sum(cost(m) for m in range(num_m_blocks)) * entries / H200_SMS
     assert busy / max(free) >= 0.97
