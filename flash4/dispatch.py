@@ -184,9 +184,10 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - Not taken: a share of head dim 64's exponentials on the FMA pipe (a cubic, 8
       instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more, and
       on top of the check by sums every 16th still lost 1-6% (perf/sweep_configs.py).
-      Head dim 64 causal 512, which ties cuDNN (261 against 260): no change to its row
+      Head dim 64 causal 512, which tied cuDNN (261 against 260): no change to its row
       ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
-      -fwd-sweep-d64-causal-512.json). Head dim 128 unmasked 16k without its clusters:
+      -fwd-sweep-d64-causal-512.json); the tile scheduler's fast divisions, a change to
+      every row, took it to 274 against 259 (2026-12-01-fwd-sweep-fast-tile-divmod.json). Head dim 128 unmasked 16k without its clusters:
       712 against 710, a tie (-fwd-sweep-d128-no-multicast.json).
     - The tile's first S GEMM in the ping-pong turn (first_block_turn; three rounds,
       --control, -fwd-sweep-first-block-turn.json; table again -> with it), taken at head
