@@ -187,8 +187,9 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       Head dim 64 causal 512, which tied cuDNN (261 against 260): no change to its row
       ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
       -fwd-sweep-d64-causal-512.json); the tile scheduler's fast divisions, a change to
-      every row, took it to 274 against 259 (2026-12-01-fwd-sweep-fast-tile-divmod.json). Head dim 128 unmasked 16k without its clusters:
-      712 against 710, a tie (-fwd-sweep-d128-no-multicast.json).
+      every row, took it to 274 against 259 (2026-12-01-fwd-sweep-fast-tile-divmod.json).
+      Head dim 128 unmasked 16k without its clusters: 712 against 710, a tie
+      (-fwd-sweep-d128-no-multicast.json).
     - The tile's first S GEMM in the ping-pong turn (first_block_turn; three rounds,
       --control, -fwd-sweep-first-block-turn.json; table again -> with it), taken at head
       dim 128: full 512 / 1k / 4k / 16k 519 -> 533, 596 -> 601, 684 -> 694, 714 -> 717;
