@@ -133,8 +133,6 @@ class Sm90ForwardConfig:
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
     # (+1-2%), the causal ones from 8k (+1-3%; flash4/dispatch.py).
     kv_multicast: bool = False
-    # [candidate] CTAs per kv_multicast cluster.
-    kv_multicast_ctas: int = KV_MULTICAST_CTAS
     # With kv_multicast, the CTAs of a cluster take the same query block of two query heads
     # that share one K/V head (grouped-query attention) instead of adjacent query blocks of
     # one head: both walk the same key blocks, so causal tiles mask nothing extra. Only for
@@ -186,7 +184,7 @@ class Sm90ForwardConfig:
     @property
     def cluster_ctas(self) -> int:
         """CTAs per cluster: a pair of query blocks (or of heads) with kv_multicast, else one."""
-        return self.kv_multicast_ctas if self.kv_multicast else 1
+        return KV_MULTICAST_CTAS if self.kv_multicast else 1
 
     @property
     def o_in_q_buffer(self) -> bool:
