@@ -93,9 +93,6 @@ class Sm90ForwardConfig:
     # rescale interleaves with the block's exponentials: where MUFU binds (head dim 64;
     # flash4/dispatch.py has the sweep). 16-bit only.
     sum_from_rescaled: bool = False
-    # [candidate] Of every 8 columns of a thread's row of P, this many exponentials run on
-    # the FMA pipe (kernels/fma_exp2.py) instead of MUFU. 16-bit only.
-    fma_exp2_per_8: int = 0
     # P converted for the P V GEMM before O's rescale instead of after. Where the rescale is
     # a branch (rescale_when_needed), ptxas does not move the conversions above it, so all
     # of them (and FP8's byte permutes) trail the block's exponentials instead of filling
@@ -245,8 +242,6 @@ class Sm90ForwardConfig:
                 "lazy_check_by_sums=True: not with q_in_registers=True (overflowed scores are computed again "
                 "from Q's slot, which Q in registers frees early)"
             )
-        if not 0 <= self.fma_exp2_per_8 <= 8 or (self.fma_exp2_per_8 and self.fp8):
-            raise ValueError(f"fma_exp2_per_8={self.fma_exp2_per_8}: 0 to 8, and 0 with fp8=True (16-bit softmax only)")
         if self.sum_from_rescaled and self.fp8:
             raise ValueError("sum_from_rescaled=True: the 16-bit softmax only (fp8=False)")
         if self.fp8_v_per_tensor and not self.fp8:

@@ -16,7 +16,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .e4m3_codes import CODES_PER_OCTAVE, code_base
-from .fma_exp2 import exp2_on_fma
 from .mma_layouts import acc_rows_cols, leading_columns
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -32,12 +31,9 @@ LARGEST_REBASED_P = 2.0**126
 
 
 class OnlineSoftmax:
-    def __init__(self, scale_log2: Float32, rows: int, sum_from_rescaled: bool = False, fma_exp2_per_8: int = 0):
+    def __init__(self, scale_log2: Float32, rows: int, sum_from_rescaled: bool = False):
         self.scale_log2 = scale_log2
         self.rows = rows
-        # Of every 8 columns of a thread's row, this many take their exponential on the FMA
-        # pipe (kernels/fma_exp2.py) instead of MUFU, which issues 16 a clock.
-        self.fma_exp2_per_8 = fma_exp2_per_8
         # The row sum's additions start from the old sum times O's factor instead of from 0:
         # the factor's exponential is then needed first, and ptxas schedules O's rescale
         # among the block's MUFU.EX2 instead of after the last one (ncu, head dim 64: the
@@ -69,7 +65,8 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(self.rows):
             row = live[r, None].load()
             m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0), is_first, masked)
-            p = self.exp2_into(live[r, None], row * self.scale_log2 - m_safe * self.scale_log2)
+            p = cute.math.exp2(row * self.scale_log2 - m_safe * self.scale_log2, fastmath=True)
+            live[r, None].store(p)
             if cutlass.const_expr(live_cols is not None):
                 for j in cutlass.range_constexpr(live_cols, cute.size(s, mode=[1])):
                     s[r, j] = Float32(0.0)
@@ -87,22 +84,6 @@ class OnlineSoftmax:
                 else:
                     self.row_sum[r] = self.row_sum[r] * scale + partial
         return row_scale
-
-    @cute.jit
-    def exp2_into(self, dst: cute.Tensor, arg: cute.TensorSSA) -> cute.TensorSSA:
-        """2^``arg`` (one row's exponents) stored into ``dst`` (that row's view) and returned."""
-        if cutlass.const_expr(self.fma_exp2_per_8 == 0):
-            p = cute.math.exp2(arg, fastmath=True)
-            dst.store(p)
-        else:
-            dst.store(arg)
-            for j in cutlass.range_constexpr(cute.size(dst)):
-                if cutlass.const_expr(j % 8 < self.fma_exp2_per_8):
-                    dst[j] = exp2_on_fma(dst[j])
-                else:
-                    dst[j] = cute.math.exp2(dst[j], fastmath=True)
-            p = dst.load()
-        return p
 
     @cute.jit
     def passes_kept_max(self, acc_s: cute.Tensor):
@@ -124,7 +105,8 @@ class OnlineSoftmax:
         s = acc_rows_cols(acc_s)
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            p = self.exp2_into(s[r, None], row * self.scale_log2 - self.row_max[r] * self.scale_log2)
+            p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
+            s[r, None].store(p)
             self.row_sum[r] = p.reduce(cute.ReductionOp.ADD, self.row_sum[r], 0)
 
     @cute.jit
@@ -138,7 +120,8 @@ class OnlineSoftmax:
         over = False
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            p = self.exp2_into(s[r, None], row * self.scale_log2 - self.row_max[r] * self.scale_log2)
+            p = cute.math.exp2(row * self.scale_log2 - self.row_max[r] * self.scale_log2, fastmath=True)
+            s[r, None].store(p)
             partials[r] = p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             over = over | (partials[r] > MAX_HEADROOM)
         return partials, over
