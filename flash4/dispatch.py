@@ -184,6 +184,17 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
     - Not taken: a share of head dim 64's exponentials on the FMA pipe (a cubic, 8
       instructions for one MUFU.EX2): every 16th lost 1-5% from 4k, more lost more, and
       on top of the check by sums every 16th still lost 1-6% (perf/sweep_configs.py).
+      A third time after the fast tile divisions (2026-12-01, -fwd-sweep-fma-exp2.json,
+      1 / 2 / 3 of every 8 columns): 1-8% slower at every length, more with every column.
+    - Head dim 256 unmasked from 4k (2026-12-01, --control, the selector's row against
+      each; -fwd-sweep-d256-{persistent,knobs,pingpong}.json, -kv-multicast-four.json):
+      a persistent grid, ping-pong (with or without the first block's turn), 64-key
+      blocks, P before O's rescale, the max check instead of the sums all stayed within
+      the rounds' spread, which at the GPU's power limit is itself 2-10% (8k: 731-745
+      for the selector's row across the session's sweeps). Clusters of four CTAs sharing
+      K and V lost 4-9% at head dims 128 and 256, and 37% on head dim 128 unmasked 16k's
+      persistent grid (33 clusters of four: likely not all resident at once, a GPC's 16-18
+      SMs holding four such clusters at most).
       Head dim 64 causal 512, which tied cuDNN (261 against 260): no change to its row
       ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
       -fwd-sweep-d64-causal-512.json); the tile scheduler's fast divisions, a change to
