@@ -5,7 +5,8 @@ block of ``block`` rows): ``x ≈ values.float() * descale``, each block scaled 
 largest magnitude lands on e4m3's largest finite value (448). A block of rows matches a
 kernel tile (the query tile for Q, the key tile for K and V), so the kernel multiplies one
 descale per tile into the softmax scale (Q, K) or the output (V). ``block=None`` gives one
-descale for the whole tensor (per-tensor scaling, cuDNN's FP8 mode on Hopper).
+descale for the whole tensor (per-tensor scaling, cuDNN's FP8 mode on Hopper). Each value
+is x times its descale's reciprocal (both in float32, IEEE), rounded to the nearest e4m3.
 
 ``hadamard=True`` first rotates the head dim by ``H · diag(signs) / sqrt(d)``, H the
 Walsh–Hadamard matrix and ``signs`` a fixed random ±1 vector (incoherent processing). The
@@ -26,6 +27,8 @@ from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
+
+from flash4.kernels.e4m3_codes import SMALLEST_DESCALE
 
 FP8_DTYPE = torch.float8_e4m3fn
 # e4m3's largest finite value: a block's largest magnitude is scaled onto it.
@@ -111,15 +114,16 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     if _gpu_kernel_takes(x):
         return _quantize_on_gpu(x, block, hadamard)
     # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
-    # blocks then reduce that 1/head_dim-sized tensor) and one pass that divides in float32
-    # and rounds to e4m3 as it stores: no float32 copy, no padded copy, no |x| tensor.
+    # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
+    # descales' reciprocals in float32 and rounds to e4m3 as it stores: no float32 copy, no
+    # padded copy, no |x| tensor.
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
     low, high = torch.aminmax(x, dim=-1)
     row_amax = torch.maximum(high, -low).float()  # (b, s, h)
     if block is None:
         descale = _descale(row_amax.amax())
-        # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
-        torch.div(x, descale.reshape(1), out=values)
+        # A 1-element (not 0-dim) factor takes part in type promotion: the product is float32.
+        torch.mul(x, (1.0 / descale).reshape(1), out=values)
         return Fp8Tensor(values, descale, None, hadamard)
     batch, seqlen, heads, head_dim = x.shape
     blocks = -(-seqlen // block)
@@ -132,7 +136,7 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     for index, rows in parts:
         keys = slice(index.start * block, index.start * block + (index.stop - index.start) * rows)
         per_block = descale[:, :, index].transpose(1, 2).reshape(batch, -1, 1, heads, 1)
-        torch.div(x[:, keys].reshape(batch, -1, rows, heads, head_dim), per_block,
+        torch.mul(x[:, keys].reshape(batch, -1, rows, heads, head_dim), 1.0 / per_block,
                   out=values[:, keys].view(batch, -1, rows, heads, head_dim))
     return Fp8Tensor(values, descale, block, hadamard)
 
@@ -183,8 +187,8 @@ def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     if _gpu_kernel_takes(v):
         return Fp8TransposedV(_value_layout_on_gpu(v, descale), descale, None, seqlen)
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=FP8_DTYPE, device=v.device)
-    # A 1-element (not 0-dim) descale takes part in type promotion: the division is float32.
-    _store_in_kernel_layout(v, out, lambda dst, src: torch.div(src, descale.reshape(1), out=dst))
+    # A 1-element (not 0-dim) factor takes part in type promotion: the product is float32.
+    _store_in_kernel_layout(v, out, lambda dst, src: torch.mul(src, (1.0 / descale).reshape(1), out=dst))
     return Fp8TransposedV(out, descale, None, seqlen)
 
 
@@ -329,5 +333,6 @@ def _tensor_amax(x: Tensor) -> Tensor:
 
 
 def _descale(amax: Tensor) -> Tensor:
-    """amax (float32) / FP8_MAX; an all-zero block gets 1 (its values are 0 either way)."""
-    return torch.where(amax > 0, amax / FP8_MAX, 1.0).float()
+    """amax (float32) / FP8_MAX, at least SMALLEST_DESCALE; an all-zero block gets 1 (its
+    values are 0 either way)."""
+    return torch.where(amax > 0, (amax / FP8_MAX).clamp_min(SMALLEST_DESCALE), 1.0).float()

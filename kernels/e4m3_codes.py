@@ -1,4 +1,5 @@
-"""e4m3 codes of probabilities made without an exponential.
+"""e4m3 facts shared by the kernels and the host: the codes of probabilities made without
+an exponential, and the smallest descale of the quantization.
 
 A positive e4m3 value 2^(E - 7) * (1 + M / 8) has the code 8 E + M (its 7 bits below the
 sign): eight codes per power of two. So the code of 2^t is about 8 t + 56, exact at whole
@@ -29,6 +30,10 @@ F16_INTEGER_BASE = 1536.0
 F16_INTEGER_BASE_X2_BITS = 0x66006600
 # The largest e4m3 code (448); 127 is NaN.
 LARGEST_CODE = 126
+# The smallest descale quantize_fp8 gives a block (float32's smallest normal): values are
+# multiplied by the descale's reciprocal, which must stay finite; a block whose largest
+# magnitude is below 448 times it is scaled up by 2^126 instead, its values below 448.
+SMALLEST_DESCALE = 2.0**-126
 
 
 def code_base(p_log2: float) -> float:

@@ -3,8 +3,9 @@ in one pass over the input per descale block instead of torch's several.
 
 ``QuantizeFp8Rows``: x (batch, seqlen, heads, head_dim) to e4m3 values of the same shape.
 Blockwise, each CTA owns one block of rows of one head: it reads the block once for its
-largest magnitude, writes descale = amax / 448 (1 for an all-zero block), then reads the
-block again (from L2, where the first read left it) and stores x / descale rounded to e4m3.
+largest magnitude, writes descale = max(amax / 448, SMALLEST_DESCALE) (1 for an all-zero
+block), then reads the block again (from L2, where the first read left it) and stores
+x · (1 / descale) rounded to e4m3.
 Per tensor, the descale is given and only the second read happens.
 
 ``QuantizeFp8TransposedV``: V with a given per-tensor descale, stored straight into the FP8
@@ -13,8 +14,10 @@ keys), keys contiguous, zero-padded to whole groups of 32 and renamed within eac
 FP8_PV_KEY_ORDER. One warp per group: lane p reads key FP8_PV_KEY_ORDER[p] and writes
 position p, so the 32 lanes' byte stores fill one 32-byte segment per head-dim row.
 
-Values are divided in float32 (IEEE division, as torch does) and rounded to nearest even;
-cvt's satfinite never acts, as |x| / descale <= 448 by construction.
+Values are multiplied by the descale's reciprocal (one IEEE division per CTA) in float32
+and rounded to nearest even: an IEEE division per value took a dozen instructions (MUFU.RCP,
+a range check, a slow-path call), which bound the kernels at 1.6-2.1 TB/s. |x| times the
+reciprocal may pass 448 by an ulp; cvt's satfinite then gives 448, as torch's rounding does.
 
 A block's CTA has four warps: with one, a head-dim-256 block of 128 rows kept one warp
 busy for 128 loads in turn, and the 1024 CTAs of a 16k-token tensor left 8 warps per SM,
@@ -25,6 +28,7 @@ per key group, four groups to a CTA.
 
 from __future__ import annotations
 
+import os
 from typing import Type
 
 import cuda.bindings.driver as cuda
@@ -36,9 +40,13 @@ from ..pipelines.warp_roles import THREADS_PER_WARP
 from .memory_pass import LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
 from .online_softmax import E4M3_MAX
+from .e4m3_codes import SMALLEST_DESCALE
+from .inline_ptx import ptx_on_f32
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
+# [candidate A/B] the IEEE division per value, for timing the kernels before the change.
+_BY_DIVISION = os.environ.get("FLASH4_QUANTIZE_BY_DIVISION") == "1"
 # Warps of a blockwise CTA (see the module docstring).
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
@@ -49,12 +57,35 @@ KEY_GROUP = len(FP8_PV_KEY_ORDER)
 V_WARPS = 4
 
 
+# CUDA's correctly rounded reciprocal (rcp.rn) without its slow path: MUFU.RCP, then one
+# Newton step by two FFMAs. The slow path only takes divisors outside [2^-126, 2^126), and a
+# descale lies inside (SMALLEST_DESCALE up; amax / 448 is at most 2^119); its call made
+# ptxas spill in the per-tensor kernel.
+_RECIPROCAL_ASM = (
+    "{\n"
+    ".reg .f32 r, e;\n"
+    "rcp.approx.ftz.f32 r, $1;\n"
+    "fma.rn.ftz.f32 e, $1, r, 0fBF800000;\n"
+    "neg.ftz.f32 e, e;\n"
+    "fma.rn.ftz.f32 $0, r, e, r;\n"
+    "}\n"
+)
+
+
+def reciprocal(descale: Float32) -> Float32:
+    """1 / descale, rounded as an IEEE division rounds it (as torch computes it)."""
+    return ptx_on_f32(_RECIPROCAL_ASM, (descale,), Float32, pinned=False)
+
+
 @cute.jit
-def to_e4m3(x: cute.TensorSSA, descale: Float32, size: cutlass.Constexpr[int]) -> cute.Tensor:
-    """``size`` float32 values divided by ``descale`` (IEEE) and rounded to e4m3, four to a
-    register: the definition both kernels store."""
+def to_e4m3(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr[int]) -> cute.Tensor:
+    """``size`` float32 values times ``inverse_descale`` rounded to e4m3, four to a register:
+    the definition both kernels store."""
     quotient = cute.make_rmem_tensor(cute.make_layout(size), Float32)
-    quotient.store(x / descale)
+    if cutlass.const_expr(_BY_DIVISION):
+        quotient.store(x / (Float32(1.0) / inverse_descale))
+    else:
+        quotient.store(x * inverse_descale)
     values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Float8E4M3FN)
     convert_packed(quotient, values)
     return values
@@ -122,9 +153,10 @@ class QuantizeFp8Rows:
             cute.arch.barrier()
             for warp in cutlass.range_constexpr(ROW_WARPS):
                 amax = cute.arch.fmax(amax, warp_amax[warp])
-            descale = amax / E4M3_MAX if amax > 0.0 else Float32(1.0)
+            descale = cute.arch.fmax(amax / E4M3_MAX, SMALLEST_DESCALE) if amax > 0.0 else Float32(1.0)
             if tidx == 0:
                 mDescale[batch, head, m_block] = descale
+        inverse_descale = reciprocal(descale)
         for turns in load_batches(self.turns):
             xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
             for x, turn in zip(xs, turns):
@@ -137,7 +169,7 @@ class QuantizeFp8Rows:
                 row = first_row + index // self.vectors_per_row
                 if row < end_row:
                     column = index % self.vectors_per_row
-                    values = to_e4m3(x.load().to(Float32), descale, self.vector)
+                    values = to_e4m3(x.load().to(Float32), inverse_descale, self.vector)
                     cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
 
     @cute.jit
@@ -184,7 +216,7 @@ class QuantizeFp8TransposedV:
         group = block * V_WARPS + cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
         position = tidx % THREADS_PER_WARP
         if group < mOut.shape[3] // KEY_GROUP:
-            descale = mDescale[0]
+            inverse_descale = reciprocal(mDescale[0])
             key = group * KEY_GROUP + self._key_at(position)
             column = group * KEY_GROUP + position
             chunks = self.head_dim // self.vector
@@ -197,7 +229,7 @@ class QuantizeFp8TransposedV:
                     words = cute.make_rmem_tensor(cute.make_layout(self.vector // 4), Int32)
                     words.fill(0)  # padding keys: e4m3 zero
                     if key < mV.shape[0]:
-                        values = to_e4m3(x.load().to(Float32), descale, self.vector)
+                        values = to_e4m3(x.load().to(Float32), inverse_descale, self.vector)
                         words.store(cute.recast_tensor(values, Int32).load())
                     for j in cutlass.range_constexpr(self.vector):
                         byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF

@@ -1,6 +1,6 @@
 """Where flash_attn_fp8's time goes: each stage of the call timed alone on protocol shapes.
 
-    python perf/fp8_quantize_timing.py [--hdim 64 128 256] [--seqlen 1024 16384] [--causal]
+    python perf/fp8_quantize_timing.py [--hdim 64 128 256] [--seqlen 1024 16384] [--causal] [--quantize-only]
 
 Stages: Q and K quantized blockwise (kernels/quantize_fp8.py), V's largest magnitude (torch)
 and V quantized into the kernel's layout, the FP8 attention on those inputs, and the whole
@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--seqlen", type=int, nargs="+", default=[1024, 16384])
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--quantize-only", action="store_true",
+                        help="only the quantization stages (no attention kernel to compile)")
     args = parser.parse_args()
     timer = bench.make_timer(quick=False)
     for head_dim in args.hdim:
@@ -44,6 +46,8 @@ def main() -> None:
                 "flash_attn_fp8 (all)": (lambda: flash_attn_fp8(q, k, v, causal=args.causal), None),
                 "bf16 forward": (lambda: flash_attn_func(q, k, v, causal=args.causal), None),
             }
+            if args.quantize_only:
+                stages = {name: stage for name, stage in stages.items() if stage[1] is not None}
             cells = []
             for name, (fn, moved_bytes) in stages.items():
                 fn()

@@ -223,7 +223,7 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
     # strided input (every other head-dim-sized slice of its rows) of a ragged length (a
     # partial last block, a partial key group): each descale is its block's largest
     # magnitude over 448 (to an ulp: torch divides by a scalar through its reciprocal), each
-    # value the rotated input divided by its descale in float32 and rounded to e4m3,
+    # value the rotated input times its descale's reciprocal in float32, rounded to e4m3,
     # exactly; V's layout is the CPU's, byte for byte.
     from flash4.quantize import FP8_DTYPE, hadamard_rotate
 
@@ -236,7 +236,7 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
     descale = got.descale.cpu()
     if block is not None:
         descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
-    want = (rotated / descale).to(FP8_DTYPE)
+    want = (rotated * (1.0 / descale)).to(FP8_DTYPE)
     assert torch.equal(got.values.cpu().view(torch.uint8), want.view(torch.uint8))
     if not hadamard:
         on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
@@ -248,6 +248,26 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
         fused = quantize_fp8_transposed_v(x)
         assert torch.equal(fused.values.view(torch.uint8), flash4.transpose_fp8_v(got).values.view(torch.uint8))
         assert torch.equal(fused.descale, got.descale)
+
+
+@pytest.mark.parametrize("block", (None, 128), ids=("tensor", "b128"))
+def test_tiny_block_quantizes_as_on_the_cpu(block):
+    # A block (or tensor) whose largest magnitude over 448 is below float32's smallest
+    # normal: the kernel gives it SMALLEST_DESCALE, as the CPU does, and the same bytes.
+    from flash4.kernels.e4m3_codes import SMALLEST_DESCALE
+
+    x = torch.randn(2, 300, 3, 128, device="cuda", dtype=torch.bfloat16)
+    x[:, :128] *= 2.0**-120
+    if block is None:
+        x *= 2.0**-120
+    poison_allocator()
+    got = flash4.quantize_fp8(x, block)
+    want = flash4.quantize_fp8(x.cpu(), block)
+    first = got.descale if block is None else got.descale[:, :, 0]
+    assert (first == SMALLEST_DESCALE).all()
+    assert torch.equal(got.descale.cpu(), want.descale)
+    assert torch.equal(got.values.cpu().view(torch.uint8), want.values.view(torch.uint8))
+    assert not got.values.float().isnan().any()
 
 
 def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):

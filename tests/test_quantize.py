@@ -58,6 +58,23 @@ def test_zero_block_gets_unit_descale():
     assert torch.equal(q.dequantize(), x)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_tiny_block_gets_the_smallest_descale(dtype):
+    # A block whose largest magnitude is below 448 * 2^-126 would get a subnormal descale,
+    # whose reciprocal overflows to inf (and 0 * inf = NaN): it gets SMALLEST_DESCALE, its
+    # values scaled up by exactly 2^126, the zeros among them staying 0.
+    from flash4.kernels.e4m3_codes import SMALLEST_DESCALE
+
+    x = torch.zeros(1, 256, 2, 64, dtype=dtype)
+    x[:, :128, :, ::2] = 3.0 * 2.0**-130
+    x[:, 128:] = 1.0
+    q = quantize_fp8(x, 128)
+    assert torch.equal(q.descale[:, :, 0], torch.full((1, 2), SMALLEST_DESCALE))
+    assert not q.values.float().isnan().any()
+    assert torch.equal(q.values[:, :128].float(), x[:, :128].float() * 2.0**126)
+    assert torch.equal(q.dequantize(), x.float())
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_hadamard_rotation_is_orthogonal_and_keeps_scores(head_dim):
     q, k = torch.randn(2, 33, 4, head_dim), torch.randn(2, 45, 4, head_dim)
