@@ -5,8 +5,8 @@ in one pass over the input per descale block instead of torch's several.
 Blockwise, each CTA owns one block of rows of one head: it reads the block once for its
 largest magnitude, writes descale = max(amax / 448, SMALLEST_DESCALE) (1 for an all-zero
 block), then reads the block again (from L2, where the first read left it) and stores
-x · (1 / descale) rounded to e4m3.
-Per tensor, the descale is given and only the second read happens.
+x · (1 / descale) rounded to e4m3. Per tensor, the descale is given and only the second
+read happens.
 
 ``QuantizeFp8TransposedV``: V with a given per-tensor descale, stored straight into the FP8
 forward kernel's V layout (flash4.quantize.fp8_value_layout): (batch, kv_heads, head_dim,
@@ -14,9 +14,11 @@ keys), keys contiguous, zero-padded to whole groups of 32 and renamed within eac
 FP8_PV_KEY_ORDER. One warp per group: lane p reads key FP8_PV_KEY_ORDER[p] and writes
 position p, so the 32 lanes' byte stores fill one 32-byte segment per head-dim row.
 
-Values are multiplied by the descale's reciprocal (one IEEE division per CTA) in float32
-and rounded to nearest even: an IEEE division per value took a dozen instructions (MUFU.RCP,
-a range check, a slow-path call), which bound the kernels at 1.6-2.1 TB/s. |x| times the
+Values are multiplied by the descale's reciprocal (``reciprocal``, rounded as an IEEE
+division rounds it, once per thread) in float32 and rounded to nearest even. An IEEE
+division per value took a dozen instructions (MUFU.RCP, a range check, a slow-path call)
+and bound the blockwise kernel: on the H200, 16k tokens of Q took 59-61 us with it and
+38-55 us without (head dims 64 / 128 / 256; perf/fp8_quantize_timing.py). |x| times the
 reciprocal may pass 448 by an ulp; cvt's satfinite then gives 448, as torch's rounding does.
 
 A block's CTA has four warps: with one, a head-dim-256 block of 128 rows kept one warp
@@ -28,7 +30,6 @@ per key group, four groups to a CTA.
 
 from __future__ import annotations
 
-import os
 from typing import Type
 
 import cuda.bindings.driver as cuda
@@ -45,8 +46,6 @@ from .inline_ptx import ptx_on_f32
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
-# [candidate A/B] the IEEE division per value, for timing the kernels before the change.
-_BY_DIVISION = os.environ.get("FLASH4_QUANTIZE_BY_DIVISION") == "1"
 # Warps of a blockwise CTA (see the module docstring).
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
@@ -82,10 +81,7 @@ def to_e4m3(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr
     """``size`` float32 values times ``inverse_descale`` rounded to e4m3, four to a register:
     the definition both kernels store."""
     quotient = cute.make_rmem_tensor(cute.make_layout(size), Float32)
-    if cutlass.const_expr(_BY_DIVISION):
-        quotient.store(x / (Float32(1.0) / inverse_descale))
-    else:
-        quotient.store(x * inverse_descale)
+    quotient.store(x * inverse_descale)
     values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Float8E4M3FN)
     convert_packed(quotient, values)
     return values
