@@ -38,11 +38,11 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
+from .e4m3_codes import SMALLEST_DESCALE
+from .inline_ptx import ptx_on_f32
 from .memory_pass import LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
 from .online_softmax import E4M3_MAX
-from .e4m3_codes import SMALLEST_DESCALE
-from .inline_ptx import ptx_on_f32
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
