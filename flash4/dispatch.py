@@ -186,6 +186,12 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       on top of the check by sums every 16th still lost 1-6% (perf/sweep_configs.py).
       A third time after the fast tile divisions (2026-12-01, -fwd-sweep-fma-exp2.json,
       1 / 2 / 3 of every 8 columns): 1-8% slower at every length, more with every column.
+      Head dim 64 causal 512, which tied cuDNN (261 against 260): no change to its row
+      ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
+      -fwd-sweep-d64-causal-512.json); the tile scheduler's fast divisions, a change to
+      every row, took it to 274 against 259 (2026-12-01-fwd-sweep-fast-tile-divmod.json).
+      Head dim 128 unmasked 16k without its clusters: 712 against 710, a tie
+      (-fwd-sweep-d128-no-multicast.json).
     - Head dim 256 unmasked from 4k (2026-12-01, --control, the selector's row against
       each; -fwd-sweep-d256-{persistent,knobs,pingpong}.json, -kv-multicast-four.json):
       a persistent grid, ping-pong (with or without the first block's turn), 64-key
@@ -195,12 +201,6 @@ def _sm90_configs(head_dim: int, causal: bool) -> Iterable[tuple[int, Sm90Forwar
       K and V lost 4-9% at head dims 128 and 256, and 37% on head dim 128 unmasked 16k's
       persistent grid (33 clusters of four: likely not all resident at once, a GPC's 16-18
       SMs holding four such clusters at most).
-      Head dim 64 causal 512, which tied cuDNN (261 against 260): no change to its row
-      ran faster (lazy_rescale with the sums 255, dynamic tiles 250, a third K/V stage 259;
-      -fwd-sweep-d64-causal-512.json); the tile scheduler's fast divisions, a change to
-      every row, took it to 274 against 259 (2026-12-01-fwd-sweep-fast-tile-divmod.json).
-      Head dim 128 unmasked 16k without its clusters: 712 against 710, a tie
-      (-fwd-sweep-d128-no-multicast.json).
     - The tile's first S GEMM in the ping-pong turn (first_block_turn; three rounds,
       --control, -fwd-sweep-first-block-turn.json; table again -> with it), taken at head
       dim 128: full 512 / 1k / 4k / 16k 519 -> 533, 596 -> 601, 684 -> 694, 714 -> 717;
