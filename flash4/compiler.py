@@ -330,48 +330,73 @@ def _quantize_dtype(name: str) -> Any:
 
 def compile_quantize_fp8(dtype_name: str, head_dim: int, block_rows: int | None, *options: str) -> Any:
     """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
-    dim and descale block (None: one descale per tensor, given). Call it as ``fn(x, values,
-    descale)`` with torch tensors: x (batch, seqlen, heads, head_dim), values e4m3 of the
-    same shape, descale float32 (batch, heads, blocks) to be written, or (1,) to be read."""
+    dim and descale block (None: one descale per tensor). Call it as ``fn(x, values,
+    descale, amax)`` with torch tensors: x (batch, seqlen, heads, head_dim), values e4m3 of
+    the same shape, descale float32 (batch, heads, blocks) or, per tensor, (1,), written;
+    amax per tensor ``compiled_tensor_amax``'s partial maxima, flat, else None."""
     import cutlass
     import cutlass.cute as cute
 
     from flash4.kernels.quantize_fp8 import QuantizeFp8Rows
 
     dtype = _quantize_dtype(dtype_name)
-    batch, seqlen, heads, blocks = (cute.sym_int() for _ in range(4))
+    batch, seqlen, heads, blocks, partials = (cute.sym_int() for _ in range(5))
     x = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
     values = _fake_tensor(cutlass.Float8E4M3FN, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
     per_tensor = block_rows is None
-    descale_shape = (1,) if per_tensor else (batch, heads, blocks)
-    descale = _fake_tensor(cutlass.Float32, descale_shape, LSE_ALIGN_BYTES)
+    descale = _fake_tensor(cutlass.Float32, (1,) if per_tensor else (batch, heads, blocks), LSE_ALIGN_BYTES)
+    amax = _fake_tensor(cutlass.Float32, (partials,), LSE_ALIGN_BYTES) if per_tensor else None
     kernel = QuantizeFp8Rows(head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(kernel, x, values, descale, stream, options=flags)
+    return cute.compile(kernel, x, values, descale, amax, stream, options=flags)
 
 
 compiled_quantize_fp8 = functools.lru_cache(maxsize=None)(compile_quantize_fp8)
 
 
+def compile_tensor_amax(dtype_name: str, head_dim: int, *options: str) -> Any:
+    """The partial maxima of a tensor's magnitudes (kernels/quantize_fp8.py, TensorAmax), for
+    a per-tensor descale. Call it as ``fn(x, amax)``: x (batch, seqlen, heads, head_dim),
+    amax float32 (batch, heads, ``tensor_amax_blocks(x)``), written."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from flash4.kernels.quantize_fp8 import TensorAmax
+
+    dtype = _quantize_dtype(dtype_name)
+    batch, seqlen, heads, blocks = (cute.sym_int() for _ in range(4))
+    x = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
+    amax = _fake_tensor(cutlass.Float32, (batch, heads, blocks), LSE_ALIGN_BYTES)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    flags = " ".join(("--enable-tvm-ffi", *options))
+    return cute.compile(TensorAmax(head_dim, dtype), x, amax, stream, options=flags)
+
+
+compiled_tensor_amax = functools.lru_cache(maxsize=None)(compile_tensor_amax)
+
+
 def compile_quantize_fp8_transposed_v(dtype_name: str, head_dim: int, *options: str) -> Any:
-    """V over a given per-tensor descale into the FP8 kernel's V layout
-    (kernels/quantize_fp8.py). Call it as ``fn(v, out, descale)``: v (batch, seqlen,
-    kv_heads, head_dim), out uint8 (batch, kv_heads, head_dim, keys padded to whole groups
-    of 32), descale float32 (1,)."""
+    """V into the FP8 kernel's V layout (kernels/quantize_fp8.py). Call it as ``fn(v, out,
+    amax, descale)``: v (batch, seqlen, kv_heads, head_dim), out uint8 (batch, kv_heads,
+    head_dim, keys padded to whole groups of 32); 16-bit or float32 v is quantized per
+    tensor, amax ``compiled_tensor_amax``'s partial maxima of v, flat, and descale float32
+    (1,) written; e4m3 v only moves, amax and descale None."""
     import cutlass
     import cutlass.cute as cute
 
     from flash4.kernels.quantize_fp8 import QuantizeFp8TransposedV
 
     dtype = _quantize_dtype(dtype_name)
-    batch, seqlen, heads, padded = (cute.sym_int() for _ in range(4))
+    batch, seqlen, heads, padded, partials = (cute.sym_int() for _ in range(5))
     v = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
     out = _fake_tensor(cutlass.Uint8, (batch, heads, head_dim, padded), TMA_ALIGN_BYTES)
-    descale = _fake_tensor(cutlass.Float32, (1,), LSE_ALIGN_BYTES)
+    quantizes = dtype is not cutlass.Float8E4M3FN
+    amax = _fake_tensor(cutlass.Float32, (partials,), LSE_ALIGN_BYTES) if quantizes else None
+    descale = _fake_tensor(cutlass.Float32, (1,), LSE_ALIGN_BYTES) if quantizes else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(QuantizeFp8TransposedV(head_dim, dtype), v, out, descale, stream, options=flags)
+    return cute.compile(QuantizeFp8TransposedV(head_dim, dtype), v, out, amax, descale, stream, options=flags)
 
 
 compiled_quantize_fp8_transposed_v = functools.lru_cache(maxsize=None)(compile_quantize_fp8_transposed_v)
@@ -387,13 +412,17 @@ def compile_backward_postprocess_report(
 
 
 def compile_quantize_report(
-    dtype_name: str, head_dim: int, block_rows: int | None, transposed_v: bool = False, arch: str = "sm_90a"
+    dtype_name: str, head_dim: int, block_rows: int | None, transposed_v: bool = False, amax: bool = False,
+    arch: str = "sm_90a",
 ) -> CompileReport:
-    """``compile_entry`` for the FP8 quantization kernels."""
+    """``compile_entry`` for the FP8 quantization kernels: the rows kernel, or V's layout
+    (``transposed_v``), or the partial maxima (``amax``)."""
     if transposed_v:
         return _compile_with_report(
             lambda *flags: compile_quantize_fp8_transposed_v(dtype_name, head_dim, *flags), arch, False
         )
+    if amax:
+        return _compile_with_report(lambda *flags: compile_tensor_amax(dtype_name, head_dim, *flags), arch, False)
     return _compile_with_report(lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, *flags), arch, False)
 
 

@@ -178,14 +178,16 @@ def transpose_fp8_v(v: Fp8Tensor) -> Fp8TransposedV:
 
 def quantize_fp8_transposed_v(v: Tensor) -> Fp8TransposedV:
     """``transpose_fp8_v(quantize_fp8(v, None))``, bit for bit, in two passes over v: its
-    largest magnitude, then a float32 division whose e4m3 results are stored straight into
-    the kernel's layout (no e4m3 copy of v in its own layout first)."""
+    largest magnitude, then a multiply by the descale's reciprocal in float32 whose e4m3
+    results are stored straight into the kernel's layout (no e4m3 copy of v in its own
+    layout first)."""
     if v.dim() != 4:
         raise ValueError(f"v must be (batch, seqlen, heads, head_dim), got shape {tuple(v.shape)}")
     batch, seqlen, heads, head_dim = v.shape
-    descale = _descale(_tensor_amax(v))
     if _gpu_kernel_takes(v):
-        return Fp8TransposedV(_value_layout_on_gpu(v, descale), descale, None, seqlen)
+        values, descale = _value_layout_on_gpu(v)
+        return Fp8TransposedV(values, descale, None, seqlen)
+    descale = _descale(_tensor_amax(v))
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=FP8_DTYPE, device=v.device)
     # A 1-element (not 0-dim) factor takes part in type promotion: the product is float32.
     _store_in_kernel_layout(v, out, lambda dst, src: torch.mul(src, (1.0 / descale).reshape(1), out=dst))
@@ -198,15 +200,14 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
     holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel.
 
-    On CUDA, the V quantization kernel over a descale of 1; elsewhere one strided copy: the
+    On CUDA, the V layout kernel, which moves e4m3 bytes as they are; elsewhere one strided copy: the
     order only permutes the bits of a key's index within its group, so the whole layout is
     a view of V (``_kernel_layout_view``); only a last partial group is padded, apart."""
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
     if _gpu_kernel_takes(values):
-        # A descale of 1 leaves each e4m3 value as it is.
-        return _value_layout_on_gpu(values, torch.ones((), device=values.device))
+        return _value_layout_on_gpu(values)[0]
     # Through uint8: the same bits, and copy and pad work on it everywhere.
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=values.device)
     _store_in_kernel_layout(values.view(torch.uint8), out, lambda dst, src: dst.copy_(src))
@@ -251,25 +252,44 @@ def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     dtype = _dtype_name(x)
     with on_device(x.device):
         if block is None:
-            descale = _descale(_tensor_amax(x))
-            compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1))
+            descale = torch.empty((), dtype=torch.float32, device=x.device)
+            compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1), _partial_maxima(x))
         else:
             descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
-            compiled_quantize_fp8(dtype, head_dim, block)(x, values, descale)
+            compiled_quantize_fp8(dtype, head_dim, block)(x, values, descale, None)
     return Fp8Tensor(values, descale, block, hadamard)
 
 
-def _value_layout_on_gpu(v: Tensor, descale: Tensor) -> Tensor:
-    """v over the per-tensor ``descale``, rounded to e4m3 in the FP8 kernel's V layout."""
+def _value_layout_on_gpu(v: Tensor) -> tuple[Tensor, Tensor | None]:
+    """v in the FP8 kernel's V layout by kernels/quantize_fp8.py: 16-bit or float32 v
+    rounded to e4m3 over its per-tensor descale, returned beside it; e4m3 v as it is (None)."""
     from flash4.compiler import compiled_quantize_fp8_transposed_v
     from flash4.devices import on_device
 
     v = _kernel_input(v)
     batch, seqlen, heads, head_dim = v.shape
     out = torch.empty(batch, heads, head_dim, _padded_keys(seqlen), dtype=torch.uint8, device=v.device)
+    quantizes = v.dtype != FP8_DTYPE
+    descale = torch.empty((), dtype=torch.float32, device=v.device) if quantizes else None
     with on_device(v.device):
-        compiled_quantize_fp8_transposed_v(_dtype_name(v), head_dim)(v, out, descale.reshape(1))
-    return out.view(FP8_DTYPE)
+        amax = _partial_maxima(v) if quantizes else None
+        compiled_quantize_fp8_transposed_v(_dtype_name(v), head_dim)(
+            v, out, amax, None if descale is None else descale.reshape(1)
+        )
+    return out.view(FP8_DTYPE), descale
+
+
+def _partial_maxima(x: Tensor) -> Tensor:
+    """The largest magnitudes of blocks of ``x`` (a kernel input, on its device), flat: their
+    largest is the tensor's (kernels/quantize_fp8.py, TensorAmax)."""
+    from flash4.compiler import compiled_tensor_amax
+    from flash4.kernels.quantize_fp8 import AMAX_BLOCK_BYTES
+
+    batch, seqlen, heads, head_dim = x.shape
+    rows = max(1, AMAX_BLOCK_BYTES // (head_dim * x.element_size()))
+    amax = torch.empty(batch, heads, -(-seqlen // rows), dtype=torch.float32, device=x.device)
+    compiled_tensor_amax(_dtype_name(x), head_dim)(x, amax)
+    return amax.view(-1)
 
 
 def _padded_keys(seqlen: int) -> int:

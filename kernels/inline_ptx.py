@@ -1,4 +1,4 @@
-"""Inline PTX on fp32 operands, for the few instructions CuTe-DSL does not wrap."""
+"""Inline PTX for the few instructions CuTe-DSL does not wrap (or wraps pinned in place)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Type, Union
 
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 # PTX register constraints of the result types: a 32-bit integer or an fp32 register.
 _RESULT_CONSTRAINT = {Int32: "=r", Float32: "=f"}
@@ -28,3 +28,19 @@ def ptx_on_f32(
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
     return result(value)
+
+
+@dsl_user_op
+def permute_bytes(low: Int32, high: Int32, selector: int, *, loc=None, ip=None) -> Int32:
+    """``prmt.b32``: byte i of the result is byte ``selector``'s nibble i of the eight bytes
+    of (``high``, ``low``), ``low``'s bytes numbered 0-3 and ``high``'s 4-7."""
+    value = llvm.inline_asm(
+        T.i32(),
+        [Int32(low).ir_value(loc=loc, ip=ip), Int32(high).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector:#06x};",
+        "=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return Int32(value)

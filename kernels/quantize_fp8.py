@@ -1,36 +1,35 @@
 """FP8 (e4m3) quantization of attention inputs on the GPU: flash4.quantize_fp8's definition
-in one pass over the input per descale block instead of torch's several.
+in one read of the input per descale block instead of torch's several passes.
 
 ``QuantizeFp8Rows``: x (batch, seqlen, heads, head_dim) to e4m3 values of the same shape.
-Blockwise, each CTA owns one block of rows of one head: it reads the block once for its
-largest magnitude, writes descale = max(amax / 448, SMALLEST_DESCALE) (1 for an all-zero
-block), then reads the block again (from L2, where the first read left it) and stores
-x · (1 / descale) rounded to e4m3. Per tensor, the descale is given and only the second
-read happens.
+Blockwise, each CTA owns one block of rows of one head: it loads the block into registers,
+takes its largest magnitude, writes descale = max(amax / 448, SMALLEST_DESCALE) (1 for an
+all-zero block), and stores x · (1 / descale) rounded to e4m3 from the same registers.
+Per tensor, the descale comes from ``TensorAmax``'s partial maxima, which every CTA folds
+(the first one also writes the descale out).
 
-``QuantizeFp8TransposedV``: V with a given per-tensor descale, stored straight into the FP8
-forward kernel's V layout (flash4.quantize.fp8_value_layout): (batch, kv_heads, head_dim,
-keys), keys contiguous, zero-padded to whole groups of 32 and renamed within each group by
-FP8_PV_KEY_ORDER. One warp per group: lane p reads key FP8_PV_KEY_ORDER[p] and writes
-position p, so the 32 lanes' byte stores fill one 32-byte segment per head-dim row.
+``TensorAmax``: the largest magnitude of each 128 KiB of a tensor, for the per-tensor
+descales: one read, no stores but one float per CTA. torch's reduction and the five small
+launches that turned its result into a descale took twice as long.
+
+``QuantizeFp8TransposedV``: V stored straight into the FP8 forward kernel's V layout
+(flash4.quantize.fp8_value_layout): (batch, kv_heads, head_dim, keys), keys contiguous,
+zero-padded to whole groups of 32 and renamed within each group by FP8_PV_KEY_ORDER. A CTA
+transposes 128 keys through shared memory, so that both its loads (rows of V) and its
+stores (16 keys of one head-dim row) are 16 bytes a thread. 16-bit or float32 V is
+quantized on the way, over a per-tensor descale from ``TensorAmax``; e4m3 V (already
+quantized) only moves.
 
 Values are multiplied by the descale's reciprocal (``reciprocal``, rounded as an IEEE
 division rounds it, once per thread) in float32 and rounded to nearest even. An IEEE
 division per value took a dozen instructions (MUFU.RCP, a range check, a slow-path call)
-and bound the blockwise kernel: on the H200, 16k tokens of Q took 59-61 us with it and
-38-55 us without (head dims 64 / 128 / 256; perf/fp8_quantize_timing.py). |x| times the
-reciprocal may pass 448 by an ulp; cvt's satfinite then gives 448, as torch's rounding does.
-
-A block's CTA has four warps: with one, a head-dim-256 block of 128 rows kept one warp
-busy for 128 loads in turn, and the 1024 CTAs of a 16k-token tensor left 8 warps per SM,
-too few loads in flight (quantizing took 2.5x the FP8 attention it fed at seqlen 1k). The
-warps combine their largest magnitudes through shared memory. The V kernel has one warp
-per key group, four groups to a CTA.
+and bound the blockwise kernel. |x| times the reciprocal may pass 448 by an ulp; cvt's
+satfinite then gives 448, as torch's rounding does.
 """
 
 from __future__ import annotations
 
-from typing import Type
+from typing import Optional, Type
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -39,21 +38,38 @@ from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .e4m3_codes import SMALLEST_DESCALE
-from .inline_ptx import ptx_on_f32
-from .memory_pass import LOADS_IN_FLIGHT, load_batches, row_vector
+from .inline_ptx import permute_bytes, ptx_on_f32
+from .memory_pass import LOAD_BYTES, LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
 from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
-# Warps of a blockwise CTA (see the module docstring).
+# Warps of a CTA that reads its block twice (see QuantizeFp8Rows), and of TensorAmax's
+# CTAs per 64 KiB they read: with fewer, too few loads are in flight per SM.
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
+# A blockwise CTA keeps at most this many 16-byte vectors a thread in registers between
+# its block's largest magnitude and its stores (64 registers, a quarter of a thread's 255).
+RESIDENT_VECTORS = 16
+# Threads a blockwise CTA may take to hold its block: at ~100 registers each, 512 take
+# 3/4 of an SM's 64K. A larger block (float32 at head dim 256, 192 rows) is read twice,
+# the second time from L2.
+MAX_RESIDENT_THREADS = 512
+# Bytes of input per TensorAmax CTA: a 16k-token tensor of hidden size 2048 in bf16 gives
+# 512 partial maxima, which each CTA of the pass that uses them folds (2 KiB from L2).
+AMAX_BLOCK_BYTES = 128 * 1024
+AMAX_THREADS = 2 * ROW_THREADS
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
 KEY_GROUP = len(FP8_PV_KEY_ORDER)
-# Warps (key groups) of a V CTA: with one, 32-thread CTAs cap an SM at 32 warps (its limit
-# of 32 resident CTAs), half of the 64 it can hold.
+# A V CTA: one warp stores each key group of its 128 keys.
 V_WARPS = 4
+V_THREADS = V_WARPS * THREADS_PER_WARP
+V_KEYS = V_WARPS * KEY_GROUP
+# Keys (consecutive positions of a group) in one 16-byte store of a head-dim row.
+KEYS_PER_STORE = LOAD_BYTES
+# Head-dim rows (4 bytes of a key) in a 32-bit shared-memory word.
+ROWS_PER_WORD = 4
 
 
 # CUDA's correctly rounded reciprocal (rcp.rn) without its slow path: MUFU.RCP, then one
@@ -77,9 +93,15 @@ def reciprocal(descale: Float32) -> Float32:
 
 
 @cute.jit
+def descale_of(amax: Float32) -> Float32:
+    """flash4.quantize's descale of a block or tensor whose largest magnitude is ``amax``."""
+    return cute.arch.fmax(amax / E4M3_MAX, SMALLEST_DESCALE) if amax > 0.0 else Float32(1.0)
+
+
+@cute.jit
 def to_e4m3(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr[int]) -> cute.Tensor:
     """``size`` float32 values times ``inverse_descale`` rounded to e4m3, four to a register:
-    the definition both kernels store."""
+    the definition every kernel here stores."""
     quotient = cute.make_rmem_tensor(cute.make_layout(size), Float32)
     quotient.store(x * inverse_descale)
     values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Float8E4M3FN)
@@ -87,156 +109,331 @@ def to_e4m3(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr
     return values
 
 
-class QuantizeFp8Rows:
-    """e4m3 values of a (batch, seqlen, heads, head_dim) tensor with one descale per
-    ``block_rows`` rows of a head (written by the kernel), or one given per tensor."""
+@cute.jit
+def magnitude(x: cute.Tensor) -> Float32:
+    """The largest magnitude of a vector of values, in float32. Reduced in x's own dtype
+    (exact) and only then converted: a float32 copy of the vector would be shared with the
+    conversion before the stores, and a resident block would hold both across its barrier."""
+    values = x.load()
+    zero = x.element_type(0.0)
+    return cute.arch.fmax(
+        Float32(values.reduce(cute.ReductionOp.MAX, zero, 0)), -Float32(values.reduce(cute.ReductionOp.MIN, zero, 0))
+    )
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool):
-        self.head_dim = head_dim
+
+@cute.jit
+def cta_max(value: Float32, tidx: Int32, warps: cutlass.Constexpr[int], scratch: cute.Tensor) -> Float32:
+    """The largest of the CTA's threads' ``value`` (all >= 0), in every thread; ``scratch``
+    holds a float per warp in shared memory."""
+    value = cute.arch.warp_reduction_max(value, threads_in_group=THREADS_PER_WARP)
+    if tidx % THREADS_PER_WARP == 0:
+        scratch[tidx // THREADS_PER_WARP] = value
+    cute.arch.barrier()
+    result = Float32(0.0)
+    for warp in cutlass.range_constexpr(warps):
+        result = cute.arch.fmax(result, scratch[warp])
+    return result
+
+
+@cute.jit
+def tensor_descale(mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[int]) -> Float32:
+    """The per-tensor descale from TensorAmax's partial maxima ``mAmax`` (flat), in every
+    thread of the CTA."""
+    scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads // THREADS_PER_WARP))
+    amax = Float32(0.0)
+    for i in cutlass.range(tidx, cute.size(mAmax), threads):
+        amax = cute.arch.fmax(amax, mAmax[i])
+    return descale_of(cta_max(amax, tidx, threads // THREADS_PER_WARP, scratch))
+
+
+class RowBlock:
+    """The geometry that QuantizeFp8Rows and TensorAmax share: a CTA's block of ``rows``
+    rows of one head, dealt out to ``threads`` threads as 16-byte vectors in turns
+    (consecutive threads read consecutive 16 bytes of a row)."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], rows: int, threads: int):
         self.dtype = dtype
-        self.block_rows = block_rows
-        self.per_tensor = per_tensor
+        self.rows = rows
+        self.threads = threads
+        self.warps = threads // THREADS_PER_WARP
         self.vector = row_vector(dtype.width, head_dim)
         self.vectors_per_row = head_dim // self.vector
-        # The block's vectors, dealt out to the threads in turn (consecutive threads read
-        # consecutive 16 bytes of a row).
-        self.turns = -(-block_rows * self.vectors_per_row // ROW_THREADS)
+        self.turns = -(-rows * self.vectors_per_row // threads)
+
+    @cute.jit
+    def place(self, turn: Int32, tidx: Int32, first_row: Int32) -> tuple:
+        """(row, column) of a thread's vector in ``turn``; column counts vectors."""
+        index = turn * self.threads + tidx
+        return first_row + index // self.vectors_per_row, index % self.vectors_per_row
+
+    @cute.jit
+    def load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32):
+        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
+
+    @cute.jit
+    def amax_by_loop(self, mX: cute.Tensor, first_row: Int32, end_row: Int32, head: Int32, batch: Int32,
+                     tidx: Int32) -> Float32:
+        """This thread's largest magnitude over its vectors of the block, LOADS_IN_FLIGHT
+        loads at a time, keeping none."""
+        amax = Float32(0.0)
+        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
+            row, column = self.place(turn, tidx, first_row)
+            if row < end_row:
+                x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+                self.load_into(x, mX, row, column, head, batch)
+                amax = cute.arch.fmax(amax, magnitude(x))
+        return amax
+
+
+@cute.jit
+def _block_end(first_row: Int32, rows: cutlass.Constexpr[int], seqlen: Int32) -> Int32:
+    """The end of the block's rows that exist: a last block may be partial."""
+    end_row = first_row + rows
+    if seqlen < end_row:
+        end_row = seqlen
+    return end_row
+
+
+class QuantizeFp8Rows:
+    """e4m3 values of a (batch, seqlen, heads, head_dim) tensor with one descale per
+    ``block_rows`` rows of a head (written by the kernel), or one per tensor (from
+    TensorAmax's partial maxima; written by the first CTA)."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool):
+        self.per_tensor = per_tensor
+        vectors = block_rows * (head_dim // row_vector(dtype.width, head_dim))
+        # Blockwise: warps enough to hold the block in registers, if they fit on an SM.
+        warps = ROW_WARPS * -(-vectors // (ROW_THREADS * RESIDENT_VECTORS))
+        self.resident = not per_tensor and warps * THREADS_PER_WARP <= MAX_RESIDENT_THREADS
+        threads = warps * THREADS_PER_WARP if self.resident else ROW_THREADS
+        self.block = RowBlock(head_dim, dtype, block_rows, threads)
 
     @cute.jit
     def __call__(
         self,
         mX: cute.Tensor,  # (batch, seqlen, heads, head_dim), 16- or 32-bit
         mValues: cute.Tensor,  # (batch, seqlen, heads, head_dim), e4m3
-        mDescale: cute.Tensor,  # (batch, heads, blocks) float32, or (1,) given per tensor
+        mDescale: cute.Tensor,  # (batch, heads, blocks) float32, or (1,) per tensor; written
+        mAmax: Optional[cute.Tensor],  # per tensor: TensorAmax's partial maxima, flat
         stream: cuda.CUstream,
     ):
         mX, mValues = rows_first(mX), rows_first(mValues)
-        blocks = cute.ceil_div(cute.size(mX.shape[0]), self.block_rows)
-        self.kernel(mX, mValues, mDescale).launch(
+        blocks = cute.ceil_div(cute.size(mX.shape[0]), self.block.rows)
+        self.kernel(mX, mValues, mDescale, mAmax).launch(
             grid=(blocks, cute.size(mX.shape[2]), cute.size(mX.shape[3])),
-            block=[ROW_THREADS, 1, 1],
+            block=[self.block.threads, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mValues: cute.Tensor, mDescale: cute.Tensor):
+    def kernel(self, mX: cute.Tensor, mValues: cute.Tensor, mDescale: cute.Tensor, mAmax: Optional[cute.Tensor]):
         tidx = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
-        seqlen = mX.shape[0]
-        first_row = m_block * self.block_rows
-        # The block's rows that exist: a last block may be partial.
-        end_row = first_row + self.block_rows
-        if seqlen < end_row:
-            end_row = seqlen
+        first_row = m_block * self.block.rows
+        end_row = _block_end(first_row, self.block.rows, mX.shape[0])
+        xs = [cute.make_rmem_tensor(cute.make_layout(self.block.vector), self.block.dtype)
+              for _ in range(self.block.turns if self.resident else 0)]
         descale = Float32(1.0)
         if cutlass.const_expr(self.per_tensor):
-            descale = mDescale[0]
+            descale = tensor_descale(mAmax, tidx, self.block.threads)
         else:
-            warp_amax = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(ROW_WARPS))
             amax = Float32(0.0)
-            for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-                index = turn * ROW_THREADS + tidx
-                row = first_row + index // self.vectors_per_row
-                if row < end_row:
-                    x = self._load(mX, row, index % self.vectors_per_row, head, batch)
-                    amax = cute.arch.fmax(amax, cute.arch.fmax(
-                        x.reduce(cute.ReductionOp.MAX, Float32(0.0), 0),
-                        -x.reduce(cute.ReductionOp.MIN, Float32(0.0), 0),
-                    ))
-            amax = cute.arch.warp_reduction_max(amax, threads_in_group=THREADS_PER_WARP)
-            if tidx % THREADS_PER_WARP == 0:
-                warp_amax[tidx // THREADS_PER_WARP] = amax
-            cute.arch.barrier()
-            for warp in cutlass.range_constexpr(ROW_WARPS):
-                amax = cute.arch.fmax(amax, warp_amax[warp])
-            descale = cute.arch.fmax(amax / E4M3_MAX, SMALLEST_DESCALE) if amax > 0.0 else Float32(1.0)
-            if tidx == 0:
-                mDescale[batch, head, m_block] = descale
+            if cutlass.const_expr(self.resident):
+                for turn, x in enumerate(xs):
+                    row, column = self.block.place(turn, tidx, first_row)
+                    x.fill(0.0)
+                    if row < end_row:
+                        self.block.load_into(x, mX, row, column, head, batch)
+                for x in xs:
+                    amax = cute.arch.fmax(amax, magnitude(x))
+            else:
+                amax = self.block.amax_by_loop(mX, first_row, end_row, head, batch, tidx)
+            scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.block.warps))
+            descale = descale_of(cta_max(amax, tidx, self.block.warps, scratch))
         inverse_descale = reciprocal(descale)
-        for turns in load_batches(self.turns):
-            xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
-            for x, turn in zip(xs, turns):
-                index = turn * ROW_THREADS + tidx
-                row = first_row + index // self.vectors_per_row
-                if row < end_row:
-                    self._load_into(x, mX, row, index % self.vectors_per_row, head, batch)
-            for x, turn in zip(xs, turns):
-                index = turn * ROW_THREADS + tidx
-                row = first_row + index // self.vectors_per_row
-                if row < end_row:
-                    column = index % self.vectors_per_row
-                    values = to_e4m3(x.load().to(Float32), inverse_descale, self.vector)
-                    cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.vector,), (column,)))
+        if cutlass.const_expr(self.resident):
+            for turn, x in enumerate(xs):
+                self._store(x, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
+        else:
+            for turns in load_batches(self.block.turns):
+                batch_xs = [cute.make_rmem_tensor(cute.make_layout(self.block.vector), self.block.dtype) for _ in turns]
+                for x, turn in zip(batch_xs, turns):
+                    row, column = self.block.place(turn, tidx, first_row)
+                    if row < end_row:
+                        self.block.load_into(x, mX, row, column, head, batch)
+                for x, turn in zip(batch_xs, turns):
+                    self._store(x, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
+        # After the values: a store ahead of them would hold their loads behind it.
+        if cutlass.const_expr(self.per_tensor):
+            if (m_block == 0) & (head == 0) & (batch == 0) & (tidx == 0):
+                mDescale[0] = descale
+        elif tidx == 0:
+            mDescale[batch, head, m_block] = descale
 
     @cute.jit
-    def _load(self, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32) -> cute.TensorSSA:
-        """One 16-byte vector of ``row`` (the ``column``-th of the row), as float32."""
-        x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-        self._load_into(x, mX, row, column, head, batch)
-        return x.load().to(Float32)
+    def _store(self, x: cute.Tensor, mValues: cute.Tensor, inverse_descale: Float32, turn: Int32, tidx: Int32,
+               first_row: Int32, end_row: Int32, head: Int32, batch: Int32):
+        """x's vector rounded to e4m3 into its place in ``mValues``, if its row exists."""
+        row, column = self.block.place(turn, tidx, first_row)
+        if row < end_row:
+            values = to_e4m3(x.load().to(Float32), inverse_descale, self.block.vector)
+            cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,), (column,)))
+
+
+class TensorAmax:
+    """The largest magnitude of each AMAX_BLOCK_BYTES of rows of a (batch, seqlen, heads,
+    head_dim) tensor: (batch, heads, blocks) float32 partial maxima, whose largest is the
+    tensor's."""
+
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
+        rows = max(1, AMAX_BLOCK_BYTES // (head_dim * dtype.width // 8))
+        self.block = RowBlock(head_dim, dtype, rows, AMAX_THREADS)
 
     @cute.jit
-    def _load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32):
-        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
+    def __call__(self, mX: cute.Tensor, mAmax: cute.Tensor, stream: cuda.CUstream):
+        mX = rows_first(mX)
+        blocks = cute.ceil_div(cute.size(mX.shape[0]), self.block.rows)
+        self.kernel(mX, mAmax).launch(
+            grid=(blocks, cute.size(mX.shape[2]), cute.size(mX.shape[3])),
+            block=[self.block.threads, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mAmax: cute.Tensor):
+        tidx = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        first_row = m_block * self.block.rows
+        end_row = _block_end(first_row, self.block.rows, mX.shape[0])
+        amax = self.block.amax_by_loop(mX, first_row, end_row, head, batch, tidx)
+        scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.block.warps))
+        amax = cta_max(amax, tidx, self.block.warps, scratch)
+        if tidx == 0:
+            mAmax[batch, head, m_block] = amax
 
 
 class QuantizeFp8TransposedV:
-    """V (batch, seqlen, kv_heads, head_dim) over a given per-tensor descale, as e4m3 bytes
-    in the FP8 forward kernel's V layout (batch, kv_heads, head_dim, padded keys)."""
+    """V (batch, seqlen, kv_heads, head_dim) as e4m3 bytes in the FP8 forward kernel's V
+    layout (batch, kv_heads, head_dim, padded keys): quantized over a per-tensor descale from
+    TensorAmax's partial maxima (written out by the first CTA), or, e4m3 V, moved as it is.
+
+    A CTA owns V_KEYS keys of one head. It loads them a row at a time, 16 bytes a thread,
+    and writes each key's e4m3 bytes to shared memory as a row at the key's position
+    (positions x head dim, one word of padding per row). Each warp then stores one key
+    group: a lane reads one 4-byte column (4 head-dim rows) of 16 positions, transposes the
+    bytes four by four (prmt), and stores 16 positions of each of its 4 head-dim rows, two
+    lanes filling a 32-byte sector."""
 
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
+        if head_dim % ROWS_PER_WORD:
+            raise ValueError(f"head_dim={head_dim} must be a multiple of {ROWS_PER_WORD}")
         self.head_dim = head_dim
         self.dtype = dtype
+        self.quantizes = dtype is not cutlass.Float8E4M3FN
         self.vector = row_vector(dtype.width, head_dim)
+        self.vectors_per_row = head_dim // self.vector
+        self.turns = V_KEYS * self.vectors_per_row // V_THREADS
+        self.columns = head_dim // ROWS_PER_WORD
+        # One word of padding: position p's row starts one bank after position p - 1's
+        # (mod 32), so a warp's lanes, 16 columns of two positions 16 apart, read 32 banks.
+        self.row_words = self.columns + 1
+        # Half-warps of columns per key group: each lane of a half-warp takes one column.
+        self.column_turns = -(-self.columns // (THREADS_PER_WARP // 2))
 
     @cute.jit
     def __call__(
         self,
-        mV: cute.Tensor,  # (batch, seqlen, kv_heads, head_dim), 16- or 32-bit
+        mV: cute.Tensor,  # (batch, seqlen, kv_heads, head_dim), 16- or 32-bit, or e4m3
         mOut: cute.Tensor,  # (batch, kv_heads, head_dim, padded keys), uint8 (e4m3 bits)
-        mDescale: cute.Tensor,  # (1,) float32
+        mAmax: Optional[cute.Tensor],  # TensorAmax's partial maxima of V, flat; None for e4m3 V
+        mDescale: Optional[cute.Tensor],  # (1,) float32, written; None for e4m3 V
         stream: cuda.CUstream,
     ):
         mV = rows_first(mV)
-        groups = cute.size(mOut.shape[3]) // KEY_GROUP
-        self.kernel(mV, mOut, mDescale).launch(
-            grid=(cute.ceil_div(groups, V_WARPS), cute.size(mOut.shape[1]), cute.size(mOut.shape[0])),
-            block=[V_WARPS * THREADS_PER_WARP, 1, 1],
+        self.kernel(mV, mOut, mAmax, mDescale).launch(
+            grid=(cute.ceil_div(cute.size(mOut.shape[3]), V_KEYS), cute.size(mOut.shape[1]), cute.size(mOut.shape[0])),
+            block=[V_THREADS, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, mV: cute.Tensor, mOut: cute.Tensor, mDescale: cute.Tensor):
+    def kernel(self, mV: cute.Tensor, mOut: cute.Tensor, mAmax: Optional[cute.Tensor],
+               mDescale: Optional[cute.Tensor]):
         tidx = cute.arch.thread_idx()[0]
-        block, head, batch = cute.arch.block_idx()
-        group = block * V_WARPS + cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
-        position = tidx % THREADS_PER_WARP
-        if group < mOut.shape[3] // KEY_GROUP:
-            inverse_descale = reciprocal(mDescale[0])
-            key = group * KEY_GROUP + self._key_at(position)
-            column = group * KEY_GROUP + position
-            chunks = self.head_dim // self.vector
-            for batch_chunks in load_batches(chunks):
-                xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in batch_chunks]
+        tile, head, batch = cute.arch.block_idx()
+        first_key = tile * V_KEYS
+        tile_words = cutlass.memory.SmemAllocator().allocate_tensor(
+            Int32, cute.make_layout((V_KEYS, self.columns), stride=(self.row_words, 1))
+        )
+        descale = Float32(1.0)
+        if cutlass.const_expr(self.quantizes):
+            descale = tensor_descale(mAmax, tidx, V_THREADS)
+        inverse_descale = reciprocal(descale)
+        words_per_vector = self.vector // ROWS_PER_WORD
+        for turns in load_batches(self.turns):
+            xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
+            for x, turn in zip(xs, turns):
+                index = turn * V_THREADS + tidx
+                key = first_key + index // self.vectors_per_row
+                x.fill(0.0)  # padding keys: e4m3 zero
                 if key < mV.shape[0]:
-                    for x, chunk in zip(xs, batch_chunks):
-                        cute.autovec_copy(cute.local_tile(mV[key, None, head, batch], (self.vector,), (chunk,)), x)
-                for x, chunk in zip(xs, batch_chunks):
-                    words = cute.make_rmem_tensor(cute.make_layout(self.vector // 4), Int32)
-                    words.fill(0)  # padding keys: e4m3 zero
-                    if key < mV.shape[0]:
-                        values = to_e4m3(x.load().to(Float32), inverse_descale, self.vector)
-                        words.store(cute.recast_tensor(values, Int32).load())
-                    for j in cutlass.range_constexpr(self.vector):
-                        byte = (words[j // 4] >> (8 * (j % 4))) & 0xFF
-                        mOut[batch, head, chunk * self.vector + j, column] = cutlass.Uint8(byte)
+                    cute.autovec_copy(
+                        cute.local_tile(mV[key, None, head, batch], (self.vector,), (index % self.vectors_per_row,)), x
+                    )
+            for x, turn in zip(xs, turns):
+                index = turn * V_THREADS + tidx
+                key_in_tile = index // self.vectors_per_row
+                position = key_in_tile // KEY_GROUP * KEY_GROUP + self._position_of(key_in_tile % KEY_GROUP)
+                if cutlass.const_expr(self.quantizes):
+                    words = cute.recast_tensor(to_e4m3(x.load().to(Float32), inverse_descale, self.vector), Int32)
+                else:
+                    words = cute.recast_tensor(x, Int32)
+                for j in cutlass.range_constexpr(words_per_vector):
+                    tile_words[position, index % self.vectors_per_row * words_per_vector + j] = words[j]
+        cute.arch.barrier()
+        warp = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARP)
+        lane = tidx % THREADS_PER_WARP
+        group_key = first_key + warp * KEY_GROUP
+        if group_key < mOut.shape[3]:
+            # Lanes 0-15 store positions 0-15 of the group, lanes 16-31 positions 16-31.
+            first_position = warp * KEY_GROUP + lane // (THREADS_PER_WARP // 2) * KEYS_PER_STORE
+            for column_turn in cutlass.range_constexpr(self.column_turns):
+                column = column_turn * (THREADS_PER_WARP // 2) + lane % (THREADS_PER_WARP // 2)
+                if column < self.columns:
+                    self._store_column(tile_words, mOut, first_position, column, first_key, head, batch)
+        if cutlass.const_expr(self.quantizes):
+            if (tile == 0) & (head == 0) & (batch == 0) & (tidx == 0):
+                mDescale[0] = descale
 
     @cute.jit
-    def _key_at(self, position: Int32) -> Int32:
-        """FP8_PV_KEY_ORDER[position]: the order moves each bit of the position to another
-        bit of the key (flash4.quantize checks this of the order)."""
-        key = Int32(0)
+    def _store_column(self, tile_words: cute.Tensor, mOut: cute.Tensor, first_position: Int32, column: Int32,
+                      first_key: Int32, head: Int32, batch: Int32):
+        """Positions first_position .. + 15 of head-dim rows 4 column .. + 3: 16 words read
+        (one per position, a byte per row), four 4x4 byte transposes, four 16-byte stores."""
+        rows = [cute.make_rmem_tensor(cute.make_layout(KEYS_PER_STORE // ROWS_PER_WORD), Int32)
+                for _ in range(ROWS_PER_WORD)]
+        for quad in cutlass.range_constexpr(KEYS_PER_STORE // ROWS_PER_WORD):
+            w = [tile_words[first_position + quad * ROWS_PER_WORD + p, column] for p in range(ROWS_PER_WORD)]
+            # Pairs first: (w0.b0, w1.b0, w0.b1, w1.b1) and (w0.b2, w1.b2, w0.b3, w1.b3).
+            low01, high01 = permute_bytes(w[0], w[1], 0x5140), permute_bytes(w[0], w[1], 0x7362)
+            low23, high23 = permute_bytes(w[2], w[3], 0x5140), permute_bytes(w[2], w[3], 0x7362)
+            rows[0][quad] = permute_bytes(low01, low23, 0x5410)
+            rows[1][quad] = permute_bytes(low01, low23, 0x7632)
+            rows[2][quad] = permute_bytes(high01, high23, 0x5410)
+            rows[3][quad] = permute_bytes(high01, high23, 0x7632)
+        store_block = (first_key + first_position) // KEYS_PER_STORE
+        for r in cutlass.range_constexpr(ROWS_PER_WORD):
+            cute.autovec_copy(
+                cute.recast_tensor(rows[r], cutlass.Uint8),
+                cute.local_tile(mOut[batch, head, column * ROWS_PER_WORD + r, None], (KEYS_PER_STORE,), (store_block,)),
+            )
+
+    @cute.jit
+    def _position_of(self, key: Int32) -> Int32:
+        """The position of ``key`` within its group: FP8_PV_KEY_ORDER moves each bit of a
+        position to another bit of the key (flash4.quantize checks this of the order)."""
+        position = Int32(0)
         for bit in cutlass.range_constexpr(KEY_GROUP.bit_length() - 1):
             moved = FP8_PV_KEY_ORDER[1 << bit].bit_length() - 1
-            key = key | (((position >> bit) & 1) << moved)
-        return key
+            position = position | (((key >> moved) & 1) << bit)
+        return position

@@ -290,36 +290,67 @@ def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
 
 
 @pytest.mark.parametrize(
-    "dtype,head_dim,block", [("bfloat16", 64, 192), ("float16", 128, None), ("float32", 256, 128)]
+    "dtype,head_dim,block",
+    [("bfloat16", 64, 192), ("float16", 128, None), ("float32", 256, 128), ("bfloat16", 256, 128), ("float32", 256, 192)],
 )
 def test_quantize_kernel_reads_16_byte_vectors_and_multiplies_by_the_reciprocal(dtype, head_dim, block):
     # kernels/quantize_fp8.py: 16-byte loads, one reciprocal of the descale per thread and a
     # float32 multiply per value (no division per value: a dozen instructions each), e4m3
-    # conversions four to a register, one store per vector; nothing spilled. Blockwise, the
-    # descale itself is the one IEEE division (amax / 448).
-    from flash4.compiler import PER_TENSOR_BLOCK_ROWS, compile_quantize_report
-    from flash4.kernels.quantize_fp8 import ROW_THREADS
+    # conversions four to a register, one store per vector; nothing spilled. The descale
+    # itself is the one IEEE division (amax / 448), after one CTA reduction (warp shuffles)
+    # of the block's magnitudes or, per tensor, of the partial maxima. A blockwise CTA whose
+    # block fits in its registers loads each vector once; a larger one (float32 at head dim
+    # 256, 192 rows) reads it twice.
+    from flash4.compiler import PER_TENSOR_BLOCK_ROWS, _quantize_dtype, compile_quantize_report
+    from flash4.kernels.quantize_fp8 import QuantizeFp8Rows
 
     report = compile_quantize_report(dtype, head_dim, block)
+    kernel = QuantizeFp8Rows(head_dim, _quantize_dtype(dtype), block or PER_TENSOR_BLOCK_ROWS, block is None)
     assert report.spill_bytes == 0
-    assert "ld.global.v4.b32" in report.ptx and report.ptx.count("rcp.approx.ftz.f32") == 1
-    assert report.ptx.count("div.rn.f32") == (block is not None)
-    values_per_thread = -(-(block or PER_TENSOR_BLOCK_ROWS) * head_dim // ROW_THREADS)
-    assert report.ptx.count("mul.f32") == values_per_thread
-    assert "cvt.rn.satfinite.e4m3x2.f32" in report.ptx
-    # A 16-byte vector of 16-bit values is 8 e4m3 bytes; of float32, 4.
-    assert ("st.global.b32" if dtype == "float32" else "st.global.v2.b32") in report.ptx
-    # Blockwise: the block's largest magnitude is one warp reduction, its descale one store.
-    assert ("shfl.sync.bfly" in report.ptx) == (block is not None)
+    assert report.ptx.count("rcp.approx.ftz.f32") == 1 and report.ptx.count("div.rn.f32") == 1
+    assert report.ptx.count("mul.f32") == kernel.block.turns * kernel.block.vector
+    assert "cvt.rn.satfinite.e4m3x2.f32" in report.ptx and "shfl.sync.bfly" in report.ptx
+    # A 16-byte vector of 16-bit values is 8 e4m3 bytes; of float32, 4. One more store: the descale.
+    assert report.ptx.count("st.global.") == kernel.block.turns + 1
+    assert report.ptx.count("st.global.v2.b32") == (0 if dtype == "float32" else kernel.block.turns)
+    loads = report.ptx.count("ld.global.v4.b32")
+    assert kernel.resident == (block is not None and (dtype, block) != ("float32", 192))
+    if kernel.resident:
+        assert loads == kernel.block.turns
+    elif block is not None:
+        assert loads > kernel.block.turns
 
 
-@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
-def test_transposed_v_kernel_stores_bytes_into_the_fp8_layout(dtype):
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32", "float8_e4m3fn"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_transposed_v_kernel_transposes_through_shared_memory(dtype, head_dim):
+    # V's layout kernel: 16-byte loads of V's rows, their e4m3 bytes into shared memory,
+    # read back a 4-byte column at a time, transposed by eight prmt per 4x4 bytes, and
+    # 16-byte stores of 16 keys of a head-dim row (none of the 1-byte stores of a
+    # transpose without shared memory). e4m3 V moves without a conversion.
     from flash4.compiler import compile_quantize_report
+    from flash4.kernels.quantize_fp8 import KEYS_PER_STORE, V_KEYS, V_THREADS
 
-    report = compile_quantize_report(dtype, 128, None, transposed_v=True)
+    report = compile_quantize_report(dtype, head_dim, None, transposed_v=True)
+    assert report.spill_bytes == 0 and "st.global.b8" not in report.ptx
+    element_bytes = {"bfloat16": 2, "float32": 4, "float8_e4m3fn": 1}[dtype]
+    assert report.ptx.count("ld.global.v4.b32") == V_KEYS * head_dim * element_bytes // 16 // V_THREADS
+    stores = V_KEYS * head_dim // KEYS_PER_STORE // V_THREADS
+    assert report.ptx.count("st.global.v4.b32") == stores
+    # Two prmt per 4-byte word stored.
+    assert report.ptx.count("prmt.b32") == 2 * stores * KEYS_PER_STORE // 4
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in report.ptx) == (dtype != "float8_e4m3fn")
+
+
+def test_tensor_amax_reads_only():
+    # The per-tensor descales' partial maxima: 16-byte loads, LOADS_IN_FLIGHT of them
+    # unrolled, one store per CTA.
+    from flash4.compiler import compile_quantize_report
+    from flash4.kernels.memory_pass import LOADS_IN_FLIGHT
+
+    report = compile_quantize_report("bfloat16", 128, None, amax=True)
     assert report.spill_bytes == 0
-    assert "ld.global.v4.b32" in report.ptx and "st.global.b8" in report.ptx
+    assert report.ptx.count("ld.global.v4.b32") == LOADS_IN_FLIGHT and report.ptx.count("st.global") == 1
 
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))
@@ -375,7 +406,11 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         for line in (raw.strip() for raw in report.ptx.splitlines())
         if line.startswith(("ld.global.v4", "st.global"))
     )
-    assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
+    if kernel == "quantize_transposed_v":
+        # Through shared memory: every load of the tile before any store.
+        assert order == "L" * order.count("L") + "S" * order.count("S"), order
+    else:
+        assert order.startswith("L" * LOADS_IN_FLIGHT + "S"), order
 
 
 

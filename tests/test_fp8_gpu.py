@@ -250,6 +250,49 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
         assert torch.equal(fused.descale, got.descale)
 
 
+@pytest.mark.parametrize("seqlen", (1, 17, 32, 33, 129, 1000))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+def test_v_layout_kernel_on_ragged_lengths(seqlen, head_dim, dtype):
+    # V's layout kernel transposes 128 keys per CTA through shared memory: a last tile with
+    # fewer keys, a last key group padded with zeros, a tile that ends past the padded
+    # length. Quantizing (its descale from the partial maxima, written by one CTA) and
+    # moving e4m3 bytes as they are, byte for byte the CPU's layout, into a poisoned output.
+    from flash4.quantize import FP8_DTYPE, fp8_value_layout, quantize_fp8_transposed_v
+
+    v = torch.randn(3, seqlen, 2, head_dim, device="cuda", dtype=dtype) * 3
+    v[2, seqlen - 1, 1, head_dim - 1] = -700.0  # the largest magnitude, in the tensor's last partial
+    poison_allocator()
+    got = quantize_fp8_transposed_v(v)
+    want = quantize_fp8_transposed_v(v.cpu())
+    assert got.descale.shape == () and torch.equal(got.descale.cpu(), want.descale)
+    assert torch.equal(got.values.cpu().view(torch.uint8), want.values.view(torch.uint8))
+    values = (v.cpu() * 40).clamp(-448, 448).to(FP8_DTYPE)
+    poison_allocator()
+    moved = fp8_value_layout(values.cuda())
+    assert torch.equal(moved.cpu().view(torch.uint8), fp8_value_layout(values).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+def test_per_tensor_descale_folds_every_partial_maximum(dtype):
+    # A per-tensor descale is the largest of the partial maxima, more of them than a CTA
+    # has threads: the largest magnitude placed in each corner of the tensor in turn.
+    from flash4.kernels.quantize_fp8 import AMAX_BLOCK_BYTES, ROW_THREADS
+
+    seqlen = 16384
+    x = torch.randn(3, seqlen, 8, 64, device="cuda", dtype=dtype)
+    rows = AMAX_BLOCK_BYTES // (64 * x.element_size())
+    assert 3 * 8 * -(-seqlen // rows) > ROW_THREADS
+    for corner in ((0, 0, 0, 0), (2, seqlen - 1, 7, 63), (1, rows, 3, 5), (2, seqlen - 1 - rows, 0, 0)):
+        y = x.clone()
+        y[corner] = -1000.0
+        poison_allocator()
+        got = flash4.quantize_fp8(y, None)
+        want = flash4.quantize_fp8(y.cpu(), None)
+        assert got.descale.item() == want.descale.item() == pytest.approx(1000.0 / 448, rel=1e-6)
+        assert torch.equal(got.values.cpu().view(torch.uint8), want.values.view(torch.uint8))
+
+
 @pytest.mark.parametrize("block", (None, 128), ids=("tensor", "b128"))
 def test_tiny_block_quantizes_as_on_the_cpu(block):
     # A block (or tensor) whose largest magnitude over 448 is below float32's smallest
