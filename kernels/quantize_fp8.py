@@ -140,9 +140,15 @@ def tensor_descale(mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[i
     """The per-tensor descale from TensorAmax's partial maxima ``mAmax`` (flat), in every
     thread of the CTA."""
     scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads // THREADS_PER_WARP))
+    partials = cute.size(mAmax)
     amax = Float32(0.0)
-    for i in cutlass.range(tidx, cute.size(mAmax), threads):
-        amax = cute.arch.fmax(amax, mAmax[i])
+    for first in cutlass.range(0, partials, threads * LOADS_IN_FLIGHT):
+        # Past the last partial, the last one again: no load inside a branch (RowBlock.load_into).
+        for j in cutlass.range_constexpr(LOADS_IN_FLIGHT):
+            i = first + j * threads + tidx
+            if i >= partials:
+                i = partials - 1
+            amax = cute.arch.fmax(amax, mAmax[i])
     return descale_of(cta_max(amax, tidx, threads // THREADS_PER_WARP, scratch))
 
 
@@ -167,7 +173,13 @@ class RowBlock:
         return first_row + index // self.vectors_per_row, index % self.vectors_per_row
 
     @cute.jit
-    def load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, column: Int32, head: Int32, batch: Int32):
+    def load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, end_row: Int32, column: Int32, head: Int32,
+                  batch: Int32):
+        """x = the vector at (row, column), or, past the block's last row, at its last row. A
+        load inside a branch would wait for the loads before it; a repeated row changes no
+        largest magnitude, and its stores are skipped."""
+        if row >= end_row:
+            row = end_row - 1
         cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
 
     @cute.jit
@@ -178,10 +190,9 @@ class RowBlock:
         amax = Float32(0.0)
         for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
             row, column = self.place(turn, tidx, first_row)
-            if row < end_row:
-                x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-                self.load_into(x, mX, row, column, head, batch)
-                amax = cute.arch.fmax(amax, magnitude(x))
+            x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
+            self.load_into(x, mX, row, end_row, column, head, batch)
+            amax = cute.arch.fmax(amax, magnitude(x))
         return amax
 
 
@@ -241,9 +252,7 @@ class QuantizeFp8Rows:
             if cutlass.const_expr(self.resident):
                 for turn, x in enumerate(xs):
                     row, column = self.block.place(turn, tidx, first_row)
-                    x.fill(0.0)
-                    if row < end_row:
-                        self.block.load_into(x, mX, row, column, head, batch)
+                    self.block.load_into(x, mX, row, end_row, column, head, batch)
                 for x in xs:
                     amax = cute.arch.fmax(amax, magnitude(x))
             else:
@@ -259,8 +268,7 @@ class QuantizeFp8Rows:
                 batch_xs = [cute.make_rmem_tensor(cute.make_layout(self.block.vector), self.block.dtype) for _ in turns]
                 for x, turn in zip(batch_xs, turns):
                     row, column = self.block.place(turn, tidx, first_row)
-                    if row < end_row:
-                        self.block.load_into(x, mX, row, column, head, batch)
+                    self.block.load_into(x, mX, row, end_row, column, head, batch)
                 for x, turn in zip(batch_xs, turns):
                     self._store(x, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
         # After the values: a store ahead of them would hold their loads behind it.
@@ -374,15 +382,21 @@ class QuantizeFp8TransposedV:
             xs = [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in turns]
             for x, turn in zip(xs, turns):
                 index = turn * V_THREADS + tidx
+                # Past V's last key, its last key (no load inside a branch: see RowBlock.load_into).
                 key = first_key + index // self.vectors_per_row
-                x.fill(0.0)  # padding keys: e4m3 zero
-                if key < mV.shape[0]:
-                    cute.autovec_copy(
-                        cute.local_tile(mV[key, None, head, batch], (self.vector,), (index % self.vectors_per_row,)), x
-                    )
+                if key >= mV.shape[0]:
+                    key = mV.shape[0] - 1
+                cute.autovec_copy(
+                    cute.local_tile(mV[key, None, head, batch], (self.vector,), (index % self.vectors_per_row,)), x
+                )
+            # ptxas would otherwise sink each load to just before its shared-memory store (and
+            # wait for it there): a warp barrier keeps the batch's loads ahead of them.
+            cute.arch.sync_warp()
             for x, turn in zip(xs, turns):
                 index = turn * V_THREADS + tidx
                 key_in_tile = index // self.vectors_per_row
+                if first_key + key_in_tile >= mV.shape[0]:
+                    x.fill(0.0)  # padding keys: e4m3 zero
                 position = key_in_tile // KEY_GROUP * KEY_GROUP + self._position_of(key_in_tile % KEY_GROUP)
                 if cutlass.const_expr(self.quantizes):
                     words = cute.recast_tensor(to_e4m3(x.load().to(Float32), inverse_descale, self.vector), Int32)
