@@ -66,6 +66,9 @@ class Sm90ForwardConfig:
     # together while the tensor cores idle; in turn, the first warpgroup's softmax runs
     # under the next one's GEMM. Head dim 128 takes it (+0-3%, flash4/dispatch.py).
     first_block_turn: bool = False
+    # Candidate, to be measured against the old way and then removed: the tile scheduler's
+    # divisions by multiply and shift (True) or by the divider's ~25 instructions (False).
+    fast_tile_divmod: bool = True
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).

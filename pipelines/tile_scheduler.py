@@ -49,6 +49,13 @@ from cutlass import Int32
 SECTION_ROUNDS = 2
 
 
+def split(value, divisor):
+    """(value // divisor, value % divisor): one multiply and shift for a fast divisor."""
+    if isinstance(divisor, cute.FastDivmodDivisor):
+        return divmod(value, divisor)
+    return value // divisor, value % divisor
+
+
 def dynamic_sections(num_m_blocks, entries, walkers):
     """(small, big): the dynamic order's sections hold ``small`` (head, batch) entries each,
     the first ``big`` of them one more."""
@@ -73,10 +80,10 @@ def dynamic_tile(index, num_m_blocks, small, big, divisors):
     big_tiles = big * (small + 1) * num_m_blocks
     in_big = cutlass.min(cutlass.max(big_tiles - index, 0), 1)
     rest = cutlass.max(index - big_tiles, 0)
-    big_first, big_inside = divmod(index, big_section)
-    small_first, small_inside = divmod(rest, small_section)
-    big_row, big_entry = divmod(big_inside, big_size)
-    small_row, small_entry = divmod(small_inside, small_size)
+    big_first, big_inside = split(index, big_section)
+    small_first, small_inside = split(rest, small_section)
+    big_row, big_entry = split(big_inside, big_size)
+    small_row, small_entry = split(small_inside, small_size)
     start = in_big * big_first * (small + 1) + (1 - in_big) * (big * (small + 1) + small_first * small)
     row = in_big * big_row + (1 - in_big) * small_row
     entry = in_big * big_entry + (1 - in_big) * small_entry
@@ -97,6 +104,7 @@ class TileScheduler:
         dynamic: bool = False,
         max_ctas: Int32 = 0,
         state: tuple | None = None,
+        fast_divmod: bool = True,
     ):
         """``max_ctas``: a persistent grid's limit (see ``grid``), which sizes the dynamic
         order's sections; ``state``: what ``host_state`` made, when the DSL rebuilds it."""
@@ -113,6 +121,7 @@ class TileScheduler:
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
         self.dynamic = dynamic
+        self.fast_divmod = fast_divmod
         # A position's tile is found by divisions by run-time values; each is ~25 dependent
         # instructions, which every consumer warp paid at every tile start (ncu, head dim 64
         # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
@@ -131,7 +140,9 @@ class TileScheduler:
             walkers = self.grid(max_ctas)[0]
             sections = dynamic_sections(self.num_m_blocks, self.heads * self.batch, walkers)
             divisors = (heads, *dynamic_divisors(self.num_m_blocks, sections[0]))
-        return sections, tuple(cute.fast_divmod_create_divisor_v2(d) for d in divisors)
+        if self.fast_divmod:
+            divisors = tuple(cute.fast_divmod_create_divisor_v2(d) for d in divisors)
+        return sections, divisors
 
     # A scheduler is a kernel argument, read inside the kernel's dynamic tile loop, so the
     # DSL must be able to carry it as run-time values: its sizes and divisors.
@@ -139,16 +150,18 @@ class TileScheduler:
         sizes = (self.num_m_blocks, self.heads, self.batch, *self.sections)
         values = [Int32(x).ir_value() for x in sizes]
         for divisor in self.divisors:
-            values += divisor.__extract_mlir_values__()
+            values += divisor.__extract_mlir_values__() if self.fast_divmod else [Int32(divisor).ir_value()]
         return values
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
         sizes, rest = [Int32(v) for v in values[:5]], values[5:]
-        # Two values a divisor: its multiplier and shifts, and the divisor itself.
-        divisors = tuple(d.__new_from_mlir_values__(rest[2 * i:2 * i + 2]) for i, d in enumerate(self.divisors))
+        divisors = tuple(
+            d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) if self.fast_divmod else Int32(rest[i])
+            for i, d in enumerate(self.divisors)
+        )
         return TileScheduler(
             *sizes[:3], self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.dynamic, state=((sizes[3], sizes[4]), divisors),
+            self.cluster_heads, self.dynamic, state=((sizes[3], sizes[4]), divisors), fast_divmod=self.fast_divmod,
         )
 
     def units_per_head(self) -> Int32:
@@ -236,7 +249,7 @@ class TileScheduler:
         paired with itself and only its first position counts."""
         ok = position < self.end()
         if cutlass.const_expr(self.causal_pairs):
-            pair = divmod(position // 2, self.divisors[0])[1]
+            pair = split(position // 2, self.divisors[0])[1]
             ok = ok and (position % 2 == 0 or 2 * pair + 1 != self.units_per_head())
         return ok
 
@@ -245,13 +258,13 @@ class TileScheduler:
         """(query block, head, batch) of the tile at ``position``."""
         if cutlass.const_expr(self.dynamic):
             m_block, entry = dynamic_tile(position, self.num_m_blocks, *self.sections, self.divisors[1:])
-            batch, head = divmod(entry, self.divisors[0])
+            batch, head = split(entry, self.divisors[0])
             return m_block, head, batch
         index = position
         if cutlass.const_expr(self.causal_pairs):
             index = position // 2
-        rest, m_block = divmod(index, self.divisors[0])
-        batch, head = divmod(rest, self.divisors[1])
+        rest, m_block = split(index, self.divisors[0])
+        batch, head = split(rest, self.divisors[1])
         if cutlass.const_expr(self.causal_pairs):
             # The long unit first, then its short mate.
             if position % 2 == 0:
