@@ -346,17 +346,27 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # rows above), medians, the table's two copies against it: head dim 64 4k 629/624 -> 636,
 # 16k 745/736 -> 762; 128 4k 868/875 -> 883, 16k 974/944 -> 992; lost at 1k (64 418/418 ->
 # 401, 128 648/647 -> 614) and at head dim 256 (1k 781/771 -> 725, 16k 1214/1204 -> 1196).
+#
+# Eleventh (2026-12-01, three rounds, --control, 1k / 16k; -fp8-sweep-fast-tile-divmod.json):
+# the tile scheduler's divisions by the divider instead of multiply and shift
+# (fast_tile_divmod=False; the fast ones, taken on 2026-12-01 from bf16 sweeps, had cost
+# head dim 64 unmasked 8%: A/B against the tree before them, 571/814 -> 527/750), medians,
+# the table's two copies against it: head dim 64 full 528/534 -> 549, 750/751 -> 776; 256
+# causal 750/775 -> 789, 1210/1219 -> 1245. Lost at 64 causal 1k (433/440 -> 416) and 128
+# causal 1k (661/674 -> 656); tied elsewhere (256 full 1007/1025 -> 1025, 1286/1279 -> 1296).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
 _Q_IN_REGISTERS = dict(q_in_registers=True)
+# The tile scheduler's divisions on the uniform datapath (see the eleventh sweep).
+_DIVIDER = dict(fast_tile_divmod=False)
 # Head dim 128 on two warpgroups, 128-key blocks, Q in registers (see the eighth sweep).
 _D128_Q_IN_REGISTERS = dict(tile_n=128, **_Q_IN_REGISTERS, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
-    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
+    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
     (64, True): (
         (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
         (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
@@ -367,7 +377,7 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     ),
     (128, True): ((1, _D128_Q_IN_REGISTERS), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
-    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
 }
 
 

@@ -66,8 +66,12 @@ class Sm90ForwardConfig:
     # together while the tensor cores idle; in turn, the first warpgroup's softmax runs
     # under the next one's GEMM. Head dim 128 takes it (+0-3%, flash4/dispatch.py).
     first_block_turn: bool = False
-    # Candidate, to be measured against the old way and then removed: the tile scheduler's
-    # divisions by multiply and shift (True) or by the divider's ~25 instructions (False).
+    # The tile scheduler's divisions (a position's query block, head and batch) by multiply
+    # and shift (True), or by the divider's ~25 instructions (False). ptxas runs the first on
+    # the vector datapath (IMAD.HI), so a tile's batch and head sit in registers; where the
+    # consumers are short of them (the FP8 rows of head dim 64 unmasked and 256 causal),
+    # ptxas recomputes the K descale's row address in every key block. The divider's
+    # instructions run on the uniform datapath, and those rows are 2-5% faster with them.
     fast_tile_divmod: bool = True
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
