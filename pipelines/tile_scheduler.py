@@ -126,7 +126,9 @@ class TileScheduler:
         # instructions, which every consumer warp paid at every tile start (ncu, head dim 64
         # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
         # it is built where the scheduler is made, on the host, and the scheduler passed to
-        # the kernel as an argument.
+        # the kernel as an argument. ``fast_divmod=False`` keeps the divisions: ptxas runs
+        # those on the uniform datapath and the multiply-and-shift on the vector one, which
+        # some rows pay for (kernels.configs.Sm90ForwardConfig.fast_tile_divmod).
         if state is None:
             state = self.host_state(max_ctas)
         self.sections, self.divisors = state
