@@ -105,6 +105,7 @@ class TileScheduler:
         max_ctas: Int32 = 0,
         state: tuple | None = None,
         fast_divmod: bool = True,
+        rebuild_divisors: bool = False,
     ):
         """``max_ctas``: a persistent grid's limit (see ``grid``), which sizes the dynamic
         order's sections; ``state``: what ``host_state`` made, when the DSL rebuilds it."""
@@ -122,6 +123,7 @@ class TileScheduler:
         self.cluster_heads = cluster_heads
         self.dynamic = dynamic
         self.fast_divmod = fast_divmod
+        self.rebuild_divisors = rebuild_divisors
         # A position's tile is found by divisions by run-time values; each is ~25 dependent
         # instructions, which every consumer warp paid at every tile start (ncu, head dim 64
         # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
@@ -147,23 +149,36 @@ class TileScheduler:
         return sections, divisors
 
     # A scheduler is a kernel argument, read inside the kernel's dynamic tile loop, so the
-    # DSL must be able to carry it as run-time values: its sizes and divisors.
+    # DSL must be able to carry it as run-time values: its sizes and what the host made.
+    # With ``rebuild_divisors``, a static order's plain divisors (functions of its sizes)
+    # are rebuilt in the kernel instead and not carried: ptxas keeps every carried value in
+    # a uniform register, and without two of them the FP8 head-dim-64 key loop's K-descale
+    # address arithmetic stays on the uniform datapath (365 SASS instructions, as before
+    # the scheduler became an argument; 368 carrying them, with 3 LDC and vector IMADs).
+    def _carries_state(self) -> bool:
+        return self.fast_divmod or self.dynamic or not self.rebuild_divisors
+
     def __extract_mlir_values__(self) -> list:
-        sizes = (self.num_m_blocks, self.heads, self.batch, *self.sections)
-        values = [Int32(x).ir_value() for x in sizes]
+        values = [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
+        if not self._carries_state():
+            return values
+        values += [Int32(x).ir_value() for x in self.sections]
         for divisor in self.divisors:
             values += divisor.__extract_mlir_values__() if self.fast_divmod else [Int32(divisor).ir_value()]
         return values
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        sizes, rest = [Int32(v) for v in values[:5]], values[5:]
-        divisors = tuple(
-            d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) if self.fast_divmod else Int32(rest[i])
-            for i, d in enumerate(self.divisors)
-        )
+        sizes, state = [Int32(v) for v in values[:3]], None
+        if self._carries_state():
+            sections, rest = (Int32(values[3]), Int32(values[4])), values[5:]
+            state = (sections, tuple(
+                d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) if self.fast_divmod else Int32(rest[i])
+                for i, d in enumerate(self.divisors)
+            ))
         return TileScheduler(
-            *sizes[:3], self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.dynamic, state=((sizes[3], sizes[4]), divisors), fast_divmod=self.fast_divmod,
+            *sizes, self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
+            self.cluster_heads, self.dynamic, state=state, fast_divmod=self.fast_divmod,
+            rebuild_divisors=self.rebuild_divisors,
         )
 
     def units_per_head(self) -> Int32:
