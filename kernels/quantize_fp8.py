@@ -45,19 +45,21 @@ from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
-# Warps of a CTA that reads its block twice (see QuantizeFp8Rows), and of TensorAmax's
-# CTAs per 64 KiB they read: with fewer, too few loads are in flight per SM.
+# Warps of a rows CTA that does not hold its block (per tensor, or read twice), and the
+# step in which a resident one takes more: with one warp, a head-dim-256 block kept a warp
+# busy for 128 loads in turn, and 16k tokens left too few loads in flight per SM.
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
 # A blockwise CTA keeps at most this many 16-byte vectors a thread in registers between
 # its block's largest magnitude and its stores (64 registers, a quarter of a thread's 255).
 RESIDENT_VECTORS = 16
-# Threads a blockwise CTA may take to hold its block: at ~100 registers each, 512 take
-# 3/4 of an SM's 64K. A larger block (float32 at head dim 256, 192 rows) is read twice,
+# Threads a blockwise CTA may take to hold its block: at up to 90 registers each (ptxas,
+# sm_90a), 512 take 70% of an SM's 64K. A larger block (float32 at head dim 256, 192 rows) is read twice,
 # the second time from L2.
 MAX_RESIDENT_THREADS = 512
-# Bytes of input per TensorAmax CTA: a 16k-token tensor of hidden size 2048 in bf16 gives
-# 512 partial maxima, which each CTA of the pass that uses them folds (2 KiB from L2).
+# Bytes of input per TensorAmax CTA, 32 vectors a thread of its 256: a 16k-token tensor of
+# hidden size 2048 in bf16 gives 512 partial maxima, which each CTA of the pass that uses
+# them folds (2 KiB from L2).
 AMAX_BLOCK_BYTES = 128 * 1024
 AMAX_THREADS = 2 * ROW_THREADS
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
