@@ -200,9 +200,10 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     groups of 32 keys, and within each group in the order FP8_PV_KEY_ORDER (position p
     holds key FP8_PV_KEY_ORDER[p]), so that P never leaves its thread in the kernel.
 
-    On CUDA, the V layout kernel, which moves e4m3 bytes as they are; elsewhere one strided copy: the
-    order only permutes the bits of a key's index within its group, so the whole layout is
-    a view of V (``_kernel_layout_view``); only a last partial group is padded, apart."""
+    On CUDA, the V layout kernel, which moves the e4m3 bytes as they are; elsewhere one
+    strided copy: the order only permutes the bits of a key's index within its group, so the
+    whole layout is a view of V (``_kernel_layout_view``); only a last partial group is
+    padded, apart."""
     if values.dim() != 4 or values.dtype != FP8_DTYPE:
         raise ValueError(f"values must be e4m3 (batch, seqlen, heads, head_dim), got {values.dtype} {tuple(values.shape)}")
     batch, seqlen, heads, head_dim = values.shape
