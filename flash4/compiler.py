@@ -358,8 +358,8 @@ compiled_quantize_fp8 = functools.lru_cache(maxsize=None)(compile_quantize_fp8)
 def compile_tensor_amax(dtype_name: str, head_dim: int, *options: str) -> Any:
     """The partial maxima of a tensor's magnitudes (kernels/quantize_fp8.py, TensorAmax), for
     a per-tensor descale. Call it as ``fn(x, amax)``: x (batch, seqlen, heads, head_dim),
-    amax float32 (batch, heads, ceil(seqlen / rows)) with rows = AMAX_BLOCK_BYTES //
-    (head_dim · x's element size), written (flash4.quantize._partial_maxima)."""
+    amax float32 (batch, heads, ceil(seqlen / rows)) with rows =
+    ``kernels.quantize_fp8.amax_block_rows``, written (flash4.quantize._partial_maxima)."""
     import cutlass
     import cutlass.cute as cute
 

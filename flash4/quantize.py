@@ -284,10 +284,10 @@ def _partial_maxima(x: Tensor) -> Tensor:
     """The largest magnitudes of blocks of ``x`` (a kernel input, on its device), flat: their
     largest is the tensor's (kernels/quantize_fp8.py, TensorAmax)."""
     from flash4.compiler import compiled_tensor_amax
-    from flash4.kernels.quantize_fp8 import AMAX_BLOCK_BYTES
+    from flash4.kernels.quantize_fp8 import amax_block_rows
 
     batch, seqlen, heads, head_dim = x.shape
-    rows = max(1, AMAX_BLOCK_BYTES // (head_dim * x.element_size()))
+    rows = amax_block_rows(head_dim, x.element_size())
     amax = torch.empty(batch, heads, -(-seqlen // rows), dtype=torch.float32, device=x.device)
     compiled_tensor_amax(_dtype_name(x), head_dim)(x, amax)
     return amax.view(-1)

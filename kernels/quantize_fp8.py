@@ -290,14 +290,18 @@ class QuantizeFp8Rows:
             cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,), (column,)))
 
 
+def amax_block_rows(head_dim: int, element_bytes: int) -> int:
+    """Rows of one TensorAmax CTA (and so of one partial maximum): AMAX_BLOCK_BYTES of input."""
+    return max(1, AMAX_BLOCK_BYTES // (head_dim * element_bytes))
+
+
 class TensorAmax:
     """The largest magnitude of each AMAX_BLOCK_BYTES of rows of a (batch, seqlen, heads,
     head_dim) tensor: (batch, heads, blocks) float32 partial maxima, whose largest is the
     tensor's."""
 
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
-        rows = max(1, AMAX_BLOCK_BYTES // (head_dim * dtype.width // 8))
-        self.block = RowBlock(head_dim, dtype, rows, AMAX_THREADS)
+        self.block = RowBlock(head_dim, dtype, amax_block_rows(head_dim, dtype.width // 8), AMAX_THREADS)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mAmax: cute.Tensor, stream: cuda.CUstream):

@@ -277,11 +277,11 @@ def test_v_layout_kernel_on_ragged_lengths(seqlen, head_dim, dtype):
 def test_per_tensor_descale_folds_every_partial_maximum(dtype):
     # A per-tensor descale is the largest of the partial maxima, more of them than a CTA
     # has threads: the largest magnitude placed in each corner of the tensor in turn.
-    from flash4.kernels.quantize_fp8 import AMAX_BLOCK_BYTES, ROW_THREADS
+    from flash4.kernels.quantize_fp8 import ROW_THREADS, amax_block_rows
 
     seqlen = 16384
     x = torch.randn(3, seqlen, 8, 64, device="cuda", dtype=dtype)
-    rows = AMAX_BLOCK_BYTES // (64 * x.element_size())
+    rows = amax_block_rows(64, x.element_size())
     assert 3 * 8 * -(-seqlen // rows) > ROW_THREADS
     for corner in ((0, 0, 0, 0), (2, seqlen - 1, 7, 63), (1, rows, 3, 5), (2, seqlen - 1 - rows, 0, 0)):
         y = x.clone()
