@@ -354,6 +354,12 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # the table's two copies against it: head dim 64 full 528/534 -> 549, 750/751 -> 776; 256
 # causal 750/775 -> 789, 1210/1219 -> 1245. Lost at 64 causal 1k (433/440 -> 416) and 128
 # causal 1k (661/674 -> 656); tied elsewhere (256 full 1007/1025 -> 1025, 1286/1279 -> 1296).
+#
+# Twelfth (2026-12-01, three rounds, --control, 1k / 16k; -fp8-sweep-rebuilt-divisors.json):
+# the divider's divisors rebuilt in the kernel from the scheduler's sizes, not carried as
+# kernel-argument values (what fast_tile_divmod=False now does), the rows carrying them
+# twice against it: head dim 64 full 551/548 -> 570, 783/779 -> 811; 256 causal 781/776 ->
+# 778, 1248/1246 -> 1264.
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.

@@ -71,13 +71,9 @@ class Sm90ForwardConfig:
     # the vector datapath (IMAD.HI), so a tile's batch and head sit in registers; where the
     # consumers are short of them (the FP8 rows of head dim 64 unmasked and 256 causal),
     # ptxas recomputes the K descale's row address in every key block. The divider's
-    # instructions run on the uniform datapath, and those rows are 2-5% faster with them.
+    # instructions run on the uniform datapath, with the divisors rebuilt in the kernel
+    # (pipelines.tile_scheduler), and those rows are 2-8% faster with them.
     fast_tile_divmod: bool = True
-    # Candidate (2026-12-01, not yet run on a GPU): with the divider, the scheduler's
-    # divisors rebuilt in the kernel from its sizes instead of carried as kernel-argument
-    # values (pipelines.tile_scheduler.TileScheduler, ``rebuild_divisors``): the FP8 key
-    # loop at head dim 64 compiles back to its SASS before the scheduler was an argument.
-    rebuild_tile_divisors: bool = False
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).
@@ -247,11 +243,6 @@ class Sm90ForwardConfig:
             raise ValueError("lazy_rescale=True: the 16-bit softmax only (fp8=False)")
         if self.first_block_turn and not self.pingpong:
             raise ValueError("first_block_turn=True: only with pingpong=True")
-        if self.rebuild_tile_divisors and (self.fast_tile_divmod or self.dynamic_tiles):
-            raise ValueError(
-                "rebuild_tile_divisors=True: only with fast_tile_divmod=False and dynamic_tiles=False (fast "
-                "divisors and the dynamic order's sections are made on the host)"
-            )
         if self.lazy_check_by_sums and not self.lazy_rescale:
             raise ValueError("lazy_check_by_sums=True: only with lazy_rescale=True")
         if self.lazy_check_by_sums and self.q_in_registers:

@@ -328,7 +328,6 @@ class Sm90ForwardKernel:
             cluster_heads=self.config.cluster_heads,
             max_ctas=max_ctas,
             fast_divmod=self.config.fast_tile_divmod,
-            rebuild_divisors=self.config.rebuild_tile_divisors,
         )
 
     # ---------------------------------------------------------------- device side

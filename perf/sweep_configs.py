@@ -543,12 +543,13 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # (3) against the kernel model (exp2 P: +0.1-0.4%); and rows still pass a kept max with 1-2
 # octaves of headroom in 10-14% of their blocks at 2k, so a warp of 16 rows would rebase in
 # most. The 16-bit kernel's 2^8 costs nothing, as P's 16 bits have that range to spare.
-# Candidate for the next H200 session (2026-12-01): the divider rows' scheduler divisors
-# rebuilt in the kernel (rebuild_tile_divisors; head dim 64 unmasked and 256 causal, whose
-# rows take fast_tile_divmod=False; run with --hdim 64 --causal no and --hdim 256 --causal yes).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
-for _head_dim in (64, 256):
-    FP8_CANDIDATES[_head_dim].append(dict(rebuild_tile_divisors=True))
+# Taken (2026-12-01, three rounds, --control; -fp8-sweep-rebuilt-divisors.json): the divider
+# rows' scheduler divisors rebuilt in the kernel from its sizes, not carried (now what
+# fast_tile_divmod=False does; flash4/dispatch.py, the twelfth sweep).
+# Candidate for the next H200 session (2026-12-01): the divider, divisors rebuilt, on the
+# rows that keep the fast divisors (their key loops are the divider's: head dim 128 unmasked
+# 418 -> 405 SASS instructions at 1k, 364 -> 354 at 16k; 256 unmasked 506 -> 498).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(fast_tile_divmod=False)] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
@@ -708,6 +709,8 @@ def main() -> None:
                     config = dataclasses.replace(base.config, **change)
                 except ValueError:
                     continue  # the change does not apply to this shape
+                if change and config == base.config:
+                    continue  # the row has it already
                 providers[label] = fp8_candidate(dataclasses.replace(base, config=config), diffs, label)
             if args.control:
                 providers["table again"] = fp8_candidate(base, diffs, "table again")
