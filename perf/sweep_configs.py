@@ -546,10 +546,13 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # Taken (2026-12-01, three rounds, --control; -fp8-sweep-rebuilt-divisors.json): the divider
 # rows' scheduler divisors rebuilt in the kernel from its sizes, not carried (now what
 # fast_tile_divmod=False does; flash4/dispatch.py, the twelfth sweep).
-# Candidate for the next H200 session (2026-12-01): the divider, divisors rebuilt, on the
-# rows that keep the fast divisors (their key loops are the divider's: head dim 128 unmasked
-# 418 -> 405 SASS instructions at 1k, 364 -> 354 at 16k; 256 unmasked 506 -> 498).
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(fast_tile_divmod=False)] for h in (64, 128, 256)}
+# Not taken (2026-12-01, three rounds, --control; -fp8-sweep-divider-elsewhere.json): the
+# divider, divisors rebuilt, on the rows that keep the fast divisors, though their key loops
+# are shorter with it (head dim 128 unmasked 418 -> 405 SASS instructions at 1k, 364 -> 354
+# at 16k; 256 unmasked 506 -> 498). Table / table again -> divider: 128 full 853/855 -> 849,
+# 1035/1031 -> 1042; 256 full 988/1001 -> 997, 1247/1250 -> 1255 (ties); 128 causal 1k
+# 670/665 -> 645; 64 causal 441/444 -> 421 at 1k, 546/544 -> 523 at 2k (losses).
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 
