@@ -360,19 +360,25 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # kernel-argument values (what fast_tile_divmod=False now does), the rows carrying them
 # twice against it: head dim 64 full 551/548 -> 570, 783/779 -> 811; 256 causal 781/776 ->
 # 778, 1248/1246 -> 1264.
+#
+# Thirteenth (2026-12-01, three rounds, --control, 1k / 16k;
+# -fp8-sweep-fast-divisions-after-cursor.json): after K's descales were read through a
+# carried cursor (kernels.online_softmax.DescaleCursor; ptxas had rebuilt their row
+# address, divisions included, in every key block: what the divider rows had saved), the
+# fast divisions on those two rows again, the divider rows twice against them: head dim 64
+# full 582/581 -> 589, 810/809 -> 808; 256 causal 774/771 -> 797, 1209/1228 -> 1219. No FP8
+# row keeps the divider.
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
 _Q_IN_REGISTERS = dict(q_in_registers=True)
-# The tile scheduler's divisions on the uniform datapath (see the eleventh sweep).
-_DIVIDER = dict(fast_tile_divmod=False)
 # Head dim 128 on two warpgroups, 128-key blocks, Q in registers (see the eighth sweep).
 _D128_Q_IN_REGISTERS = dict(tile_n=128, **_Q_IN_REGISTERS, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
-    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
+    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES)),),
     (64, True): (
         (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
         (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
@@ -383,7 +389,7 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     ),
     (128, True): ((1, _D128_Q_IN_REGISTERS), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
-    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
 }
 
 

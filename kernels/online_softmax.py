@@ -230,6 +230,34 @@ class OnlineSoftmax:
 E4M3_MAX = 448.0
 
 
+class DescaleCursor:
+    """One (batch, head)'s descales per key block, read from the tile's last key block down,
+    as the mainloop visits the blocks (``next`` once per block).
+
+    The read goes through a flat index carried from block to block in a register, not
+    through the block's index into a row of the tensor: ptxas rematerializes a tile-constant
+    row address in every key block (at head dim 128, 22 uniform instructions each block,
+    the tile scheduler's divisions among them, the FP8 key loop 364 SASS instructions
+    against 342), but must keep a value that changes each block. The index is 32 bits:
+    descales are one float per tile."""
+
+    def __init__(self, descales: cute.Tensor, batch: Int32, head: Int32, last_block: Int32):
+        """``descales``: (batch, heads, key blocks)."""
+        self.flat = cute.make_tensor(descales.iterator, cute.make_layout(cute.size(descales)))
+        self.index = cute.make_rmem_tensor(1, Int32)
+        self.index[0] = (
+            Int32(batch) * Int32(descales.stride[0]) + Int32(head) * Int32(descales.stride[1])
+            + last_block * Int32(descales.stride[2])
+        )
+        self.step = Int32(descales.stride[2])
+
+    def next(self) -> Float32:
+        """This block's descale; the cursor moves to the block before it."""
+        i = self.index[0]
+        self.index[0] = i - self.step
+        return self.flat[i]
+
+
 class BlockScaledSoftmax(OnlineSoftmax):
     """The online softmax of the FP8 forward, whose inputs carry one descale per tile.
 
@@ -248,9 +276,11 @@ class BlockScaledSoftmax(OnlineSoftmax):
     """
 
     def __init__(
-        self, scale_log2: Float32, rows: int, k_descale: cute.Tensor, v_descale: cute.Tensor,
+        self, scale_log2: Float32, rows: int, k_descales: DescaleCursor, v_descales: DescaleCursor,
         v_per_tensor: bool = False, sums_on_tensor_cores: bool = False, p_by_rounding: bool = False,
     ):
+        """``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
+        block; ``block_inputs`` must be asked for every key block, last first."""
         super().__init__(scale_log2, rows)
         if sums_on_tensor_cores and not v_per_tensor:
             raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
@@ -260,19 +290,20 @@ class BlockScaledSoftmax(OnlineSoftmax):
         # P as e4m3 codes rounded from the scores (kernels/e4m3_codes.py): ``update`` leaves
         # F16_INTEGER_BASE plus each code in S's registers, for ``convert_codes``.
         self.p_by_rounding = p_by_rounding
-        self.k_descale = k_descale
-        self.v_descale = v_descale
+        self.k_descales = k_descales
+        self.v_descales = v_descales
         self.v_ref = cute.make_rmem_tensor(1, Float32)
-        # One V descale for all blocks (v_descale[0]): P's scale is E4M3_MAX itself, and V's
+        # One V descale for all blocks (any of them): P's scale is E4M3_MAX itself, and V's
         # descale multiplies O once, in finalize.
         self.v_per_tensor = v_per_tensor
 
     def block_inputs(self, n_block: Int32) -> tuple:
         """Key block ``n_block``'s K and V descales, loaded from global memory while its S
-        GEMM runs (used at once after it, the load's latency stalled the softmax)."""
+        GEMM runs (used at once after it, the load's latency stalled the softmax). The
+        cursors hold the block's place: ``n_block`` is one below the last call's."""
         if self.v_per_tensor:
-            return self.k_descale[n_block], None
-        return self.k_descale[n_block], self.v_descale[n_block]
+            return self.k_descales.next(), None
+        return self.k_descales.next(), self.v_descales.next()
 
     @cute.jit
     def update(
@@ -341,7 +372,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
     def finalize(self, lse: cute.Tensor) -> cute.Tensor:
         """``OnlineSoftmax.finalize``, with O's factor v_ref / E4M3_MAX folded into 1/l."""
         inv_sum = cute.make_rmem_tensor(self.rows, Float32)
-        o_factor = (self.v_descale[0] if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
+        o_factor = (self.v_descales.flat[0] if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
         for r in cutlass.range_constexpr(self.rows):
             total = self.row_sum[r]
             if cutlass.const_expr(not self.sums_on_tensor_cores):

@@ -25,7 +25,7 @@ from cutlass import Float32, Int32
 
 from .configs import Sm90ForwardConfig
 from .mma_layouts import acc_as_fp8_a_operand
-from .online_softmax import BlockScaledSoftmax
+from .online_softmax import BlockScaledSoftmax, DescaleCursor
 from .packed_convert import convert_packed
 from .sm90_fwd import Sm90ForwardKernel, Tile
 from .wgmma import tma_tile
@@ -89,8 +89,8 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         return BlockScaledSoftmax(
             softmax_scale_log2 * q_descale[tile.batch, tile.head, q_block],
             rows,
-            k_descale[tile.batch, kv_head, None],
-            v_descale[tile.batch, kv_head, None],
+            DescaleCursor(k_descale, tile.batch, kv_head, tile.n_block_max - 1),
+            DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1),
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
             self.p_by_rounding,

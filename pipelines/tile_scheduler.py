@@ -127,8 +127,8 @@ class TileScheduler:
         # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
         # it is built where the scheduler is made, on the host, and the scheduler passed to
         # the kernel as an argument. ``fast_divmod=False`` keeps the divisions: ptxas runs
-        # those on the uniform datapath and the multiply-and-shift on the vector one, which
-        # some rows pay for (kernels.configs.Sm90ForwardConfig.fast_tile_divmod).
+        # those on the uniform datapath and the multiply-and-shift on the vector one
+        # (kernels.configs.Sm90ForwardConfig.fast_tile_divmod).
         if state is None:
             state = self.host_state(max_ctas)
         self.sections, self.divisors = state
@@ -150,9 +150,8 @@ class TileScheduler:
     # DSL must be able to carry it as run-time values: its sizes and what the host made.
     # A static order's plain divisors (functions of its sizes) are rebuilt in the kernel
     # instead and not carried: ptxas keeps every carried value in a uniform register, and
-    # without two of them the FP8 head-dim-64 key loop's K-descale address arithmetic stays
-    # on the uniform datapath (365 SASS instructions, as before the scheduler became an
-    # argument; 368 carrying them, with 3 LDC and vector IMADs; 3.6% faster, dispatch.py).
+    # two fewer leave more for the key loop (the FP8 head-dim-64 one, back then: 365 SASS
+    # instructions against 368 carrying them; 3.6% faster, flash4/dispatch.py).
     def _carries_state(self) -> bool:
         return self.fast_divmod or self.dynamic
 
