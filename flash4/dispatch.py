@@ -357,7 +357,7 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 #
 # Twelfth (2026-12-01, three rounds, --control, 1k / 16k; -fp8-sweep-rebuilt-divisors.json):
 # the divider's divisors rebuilt in the kernel from the scheduler's sizes, not carried as
-# kernel-argument values (what fast_tile_divmod=False now does), the rows carrying them
+# kernel-argument values (what fast_tile_divmod=False then did), the rows carrying them
 # twice against it: head dim 64 full 551/548 -> 570, 783/779 -> 811; 256 causal 781/776 ->
 # 778, 1248/1246 -> 1264.
 #
@@ -366,8 +366,9 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # carried cursor (kernels.online_softmax.DescaleCursor; ptxas had rebuilt their row
 # address, divisions included, in every key block: what the divider rows had saved), the
 # fast divisions on those two rows again, the divider rows twice against them: head dim 64
-# full 582/581 -> 589, 810/809 -> 808; 256 causal 774/771 -> 797, 1209/1228 -> 1219. No FP8
-# row keeps the divider.
+# full 582/581 -> 589, 810/809 -> 808; 256 causal 774/771 -> 797, 1209/1228 -> 1219. No row
+# kept the divider, and it was removed (the config field fast_tile_divmod, and with it the
+# scheduler's divisors rebuilt in the kernel).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
