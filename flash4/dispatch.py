@@ -357,7 +357,7 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 #
 # Twelfth (2026-12-01, three rounds, --control, 1k / 16k; -fp8-sweep-rebuilt-divisors.json):
 # the divider's divisors rebuilt in the kernel from the scheduler's sizes, not carried as
-# kernel-argument values (what fast_tile_divmod=False then did), the rows carrying them
+# kernel-argument values (what fast_tile_divmod=False now does), the rows carrying them
 # twice against it: head dim 64 full 551/548 -> 570, 783/779 -> 811; 256 causal 781/776 ->
 # 778, 1248/1246 -> 1264.
 #
@@ -366,15 +366,20 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # carried cursor (kernels.online_softmax.DescaleCursor; ptxas had rebuilt their row
 # address, divisions included, in every key block: what the divider rows had saved), the
 # fast divisions on those two rows again, the divider rows twice against them: head dim 64
-# full 582/581 -> 589, 810/809 -> 808; 256 causal 774/771 -> 797, 1209/1228 -> 1219. No row
-# kept the divider, and it was removed (the config field fast_tile_divmod, and with it the
-# scheduler's divisors rebuilt in the kernel).
+# full 582/581 -> 589, 810/809 -> 808; 256 causal 774/771 -> 797, 1209/1228 -> 1219. Head
+# dim 64 unmasked took them; 256 causal keeps the divider: with the fast divisions, the
+# CUDA 12 ptxas that the default install brings (nvidia-cutlass-dsl-libs-cu12; the H200
+# runs CUDA 13's) holds the cursor in a vector register and spills 8 bytes of the tile's
+# prologue (none with the divider, whose batch and head, and so the cursor, stay on the
+# uniform datapath), and a kernel of the table must not spill (tests/test_fp8_cpu.py).
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
 _SUMS_ON_TENSOR_CORES = dict(row_sum_on_tensor_cores=True, fp8_p_by_rounding=True)
 _O_PER_WARPGROUP = dict(o_store_per_warpgroup=True)
 _Q_IN_REGISTERS = dict(q_in_registers=True)
+# The tile scheduler's divisions on the uniform datapath (see the thirteenth sweep).
+_DIVIDER = dict(fast_tile_divmod=False)
 # Head dim 128 on two warpgroups, 128-key blocks, Q in registers (see the eighth sweep).
 _D128_Q_IN_REGISTERS = dict(tile_n=128, **_Q_IN_REGISTERS, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
@@ -390,7 +395,7 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     ),
     (128, True): ((1, _D128_Q_IN_REGISTERS), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
-    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
+    (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
 }
 
 

@@ -66,6 +66,14 @@ class Sm90ForwardConfig:
     # together while the tensor cores idle; in turn, the first warpgroup's softmax runs
     # under the next one's GEMM. Head dim 128 takes it (+0-3%, flash4/dispatch.py).
     first_block_turn: bool = False
+    # The tile scheduler's divisions (a position's query block, head and batch) by multiply
+    # and shift (True), or by the divider's ~25 instructions on the uniform datapath, its
+    # divisors rebuilt in the kernel (False, pipelines.tile_scheduler). The FP8 rows of
+    # head dim 64 unmasked and 256 causal ran 2-8% faster with the divider while ptxas
+    # rebuilt K's descale address in every key block; since K's descales are read through
+    # a carried cursor, only the FP8 row of head dim 256 causal keeps it, where CUDA 12's
+    # ptxas spills without it (flash4/dispatch.py, the thirteenth FP8 sweep).
+    fast_tile_divmod: bool = True
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
     # stored; otherwise O is staged in Q's buffer (see ``o_in_q_buffer``).

@@ -327,6 +327,7 @@ class Sm90ForwardKernel:
             cluster_ctas=ctas,
             cluster_heads=self.config.cluster_heads,
             max_ctas=max_ctas,
+            fast_divmod=self.config.fast_tile_divmod,
         )
 
     # ---------------------------------------------------------------- device side

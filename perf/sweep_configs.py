@@ -544,8 +544,8 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # octaves of headroom in 10-14% of their blocks at 2k, so a warp of 16 rows would rebase in
 # most. The 16-bit kernel's 2^8 costs nothing, as P's 16 bits have that range to spare.
 # Taken (2026-12-01, three rounds, --control; -fp8-sweep-rebuilt-divisors.json): the divider
-# rows' scheduler divisors rebuilt in the kernel from its sizes, not carried (flash4/dispatch.py,
-# the twelfth sweep); the divider itself was removed after the thirteenth.
+# rows' scheduler divisors rebuilt in the kernel from its sizes, not carried (now what
+# fast_tile_divmod=False does; flash4/dispatch.py, the twelfth sweep).
 # Not taken (2026-12-01, three rounds, --control; -fp8-sweep-divider-elsewhere.json): the
 # divider, divisors rebuilt, on the rows that keep the fast divisors, though their key loops
 # are shorter with it (head dim 128 unmasked 418 -> 405 SASS instructions at 1k, 364 -> 354

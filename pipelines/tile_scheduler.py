@@ -104,6 +104,7 @@ class TileScheduler:
         dynamic: bool = False,
         max_ctas: Int32 = 0,
         state: tuple | None = None,
+        fast_divmod: bool = True,
     ):
         """``max_ctas``: a persistent grid's limit (see ``grid``), which sizes the dynamic
         order's sections; ``state``: what ``host_state`` made, when the DSL rebuilds it."""
@@ -120,11 +121,14 @@ class TileScheduler:
         self.cluster_ctas = cluster_ctas
         self.cluster_heads = cluster_heads
         self.dynamic = dynamic
+        self.fast_divmod = fast_divmod
         # A position's tile is found by divisions by run-time values; each is ~25 dependent
         # instructions, which every consumer warp paid at every tile start (ncu, head dim 64
         # causal 512: 5% of their stall samples). A fast divisor is one multiply and shift;
         # it is built where the scheduler is made, on the host, and the scheduler passed to
-        # the kernel as an argument.
+        # the kernel as an argument. ``fast_divmod=False`` keeps the divisions: ptxas runs
+        # those on the uniform datapath and the multiply-and-shift on the vector one
+        # (kernels.configs.Sm90ForwardConfig.fast_tile_divmod).
         if state is None:
             state = self.host_state(max_ctas)
         self.sections, self.divisors = state
@@ -138,23 +142,39 @@ class TileScheduler:
             walkers = self.grid(max_ctas)[0]
             sections = dynamic_sections(self.num_m_blocks, self.heads * self.batch, walkers)
             divisors = (heads, *dynamic_divisors(self.num_m_blocks, sections[0]))
-        return sections, tuple(cute.fast_divmod_create_divisor_v2(d) for d in divisors)
+        if self.fast_divmod:
+            divisors = tuple(cute.fast_divmod_create_divisor_v2(d) for d in divisors)
+        return sections, divisors
 
     # A scheduler is a kernel argument, read inside the kernel's dynamic tile loop, so the
     # DSL must be able to carry it as run-time values: its sizes and what the host made.
+    # A static order's plain divisors (functions of its sizes) are rebuilt in the kernel
+    # instead and not carried: ptxas keeps every carried value in a uniform register, and
+    # two fewer leave more for the key loop (the FP8 head-dim-64 one, back then: 365 SASS
+    # instructions against 368 carrying them; 3.6% faster, flash4/dispatch.py).
+    def _carries_state(self) -> bool:
+        return self.fast_divmod or self.dynamic
+
     def __extract_mlir_values__(self) -> list:
-        values = [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch, *self.sections)]
+        values = [Int32(x).ir_value() for x in (self.num_m_blocks, self.heads, self.batch)]
+        if not self._carries_state():
+            return values
+        values += [Int32(x).ir_value() for x in self.sections]
         for divisor in self.divisors:
-            values += divisor.__extract_mlir_values__()
+            values += divisor.__extract_mlir_values__() if self.fast_divmod else [Int32(divisor).ir_value()]
         return values
 
     def __new_from_mlir_values__(self, values: list) -> "TileScheduler":
-        sizes = [Int32(v) for v in values[:3]]
-        sections, rest = (Int32(values[3]), Int32(values[4])), values[5:]
-        divisors = tuple(d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) for i, d in enumerate(self.divisors))
+        sizes, state = [Int32(v) for v in values[:3]], None
+        if self._carries_state():
+            sections, rest = (Int32(values[3]), Int32(values[4])), values[5:]
+            state = (sections, tuple(
+                d.__new_from_mlir_values__(rest[i * 2:i * 2 + 2]) if self.fast_divmod else Int32(rest[i])
+                for i, d in enumerate(self.divisors)
+            ))
         return TileScheduler(
             *sizes, self.persistent, self.causal_pairs, self.longest_first, self.cluster_ctas,
-            self.cluster_heads, self.dynamic, state=(sections, divisors),
+            self.cluster_heads, self.dynamic, state=state, fast_divmod=self.fast_divmod,
         )
 
     def units_per_head(self) -> Int32:

@@ -478,3 +478,19 @@ def test_kv_multicast_changes_no_bit(head_dim, with_lse, seqlen):
     assert torch.equal(out, want)
     assert lse is None or torch.equal(lse, want_lse)
 
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
+@pytest.mark.parametrize("seqlen", (17, 1100, 4113))
+def test_divider_changes_no_bit(head_dim, causal, with_lse, seqlen):
+    # The tile scheduler's divisions by the divider (fast_tile_divmod=False, its divisors
+    # rebuilt in the kernel from its sizes) find the same tiles as the fast divisors made on
+    # the host: the same bits (a tile missed is NaN from the poisoned output, one found
+    # twice or wrong differs). Both sides are asked for explicitly: the table's rows take
+    # one or the other.
+    q8, k8, v8 = _variant_inputs(head_dim, causal, seqlen)
+    want, want_lse = _run_variant(q8, k8, v8, causal, with_lse, fast_tile_divmod=True)
+    out, lse = _run_variant(q8, k8, v8, causal, with_lse, fast_tile_divmod=False, dynamic_tiles=False)
+    assert not want.isnan().any() and not out.isnan().any() and torch.equal(out, want)
+    assert lse is None or torch.equal(lse, want_lse)
