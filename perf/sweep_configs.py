@@ -432,6 +432,18 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # 376/526/594 -> 362/500/578. Issuing dQ under dK instead puts a wgmma in a branch that
 # keeps dK's accumulator in flight: ptxas serialises the wgmmas. What the warpgroup on turn
 # adds to its step (the whole dQ GEMM and its store) outweighs the bytes saved.
+# Probed (2026-12-01, head dim 128, the main kernel alone, full 16k / causal 8k, two rounds
+# of trees taking turns; -bwd-probes-d128.json): each edit breaks the result on purpose, to
+# price one part of a step. The selector's kernel 604 / 566; without the DS_TILE barrier
+# 606 / 570 (the warpgroups' meeting at dSᵀ costs nothing, so decoupling them would not
+# pay); without the exponentials 630 / 614; without the dQ GEMM 728 / 692, without it and
+# its fp32 stores 746 / 718. Every 8th / 4th / 2nd column of Pᵀ by the FMA pipe's cubic
+# (a34f4da^:kernels/fma_exp2.py), against 596 / 570 in that run: 596 / 566, 594 / 562,
+# 586 / 551. The exponentials cost latency on the step's chain, not MUFU's rate. Also
+# (CPU compile, 2026-12-01): the 80-row dQᵀ variant rebuilt on today's kernel still hits
+# C7512 with P packed after dS, with flash-attn-4's order (dV waited for between dQᵀ and
+# dK), with no masked loop, and with dQ's stores cut to one value; waiting for dV before
+# dQᵀ compiles but spills 28 bytes.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
