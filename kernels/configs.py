@@ -406,6 +406,13 @@ class Sm90BackwardConfig:
     # kv_group_in_cta, on short rows (flash4/backward.py, MIRRORED_KV_GROUP_MAX_SEQLEN_K);
     # a CTA per query head gained nothing from them (H200, three rounds: -3% to +3%).
     mirror_pairs: bool = False
+    # Key split only: the consumer warpgroups run about half a step apart instead of in step,
+    # so that one's exponentials and dS math run under the other's GEMMs. In step they meet
+    # at every query block, since each one's dQ GEMM reads the dSᵀ rows of both. Staggered,
+    # warpgroup 1 starts a query block once warpgroup 0 has written its dSᵀ rows of it, and
+    # warpgroup 0, ahead, computes each block's dQ one step late, once warpgroup 1's rows are
+    # there too (the last after its walk). Same bits as in step.
+    staggered_warpgroups: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -449,6 +456,8 @@ class Sm90BackwardConfig:
             raise ValueError(f"head_dim={self.head_dim}: a multiple of 16 in [16, 256]")
         if self.head_dim_split and self.head_dim % (16 * BACKWARD_CONSUMER_WARPGROUPS):
             raise ValueError(f"head_dim={self.head_dim}: the warpgroups split it, so a multiple of 32")
+        if self.staggered_warpgroups and self.head_dim_split:
+            raise ValueError("staggered_warpgroups=True: the head-dim split's warpgroups share every GEMM, so they cannot run apart")
         if min(self.q_stages, self.do_stages) < 1:
             raise ValueError(f"q_stages={self.q_stages}, do_stages={self.do_stages}: at least 1 each")
         rows_per_split = ROWS_PER_CONSUMER_WARPGROUP * BACKWARD_CONSUMER_WARPGROUPS

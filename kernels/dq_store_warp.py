@@ -56,6 +56,10 @@ class DQStoreWarp:
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
         self.causal = config.causal
         self.rotate = rotate
+        # The order in which the warpgroups hand a block's parts over: staggered, warpgroup 0
+        # computes each block's dQ a step after warpgroup 1.
+        parts = tuple(range(config.consumer_warpgroups))
+        self.hand_over_order = parts[::-1] if config.staggered_warpgroups else parts
 
     @cute.jit
     def add_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
@@ -156,9 +160,10 @@ class DQStoreWarp:
             ticket = None
             if cutlass.const_expr(tickets_taken):
                 ticket = self.ticket_for(dq_out, m_block)
-            for part in cutlass.range_constexpr(parts):
+            for i in cutlass.range_constexpr(parts):
+                part = self.hand_over_order[i]
                 cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
-                if cutlass.const_expr(tickets_taken and part == 0):
+                if cutlass.const_expr(tickets_taken and i == 0):
                     # A later ticket adds once the first holder's stores have landed.
                     if lane == 0 and ticket != 0:
                         wait_until_landed(dq_out.counters.iterator + m_block)

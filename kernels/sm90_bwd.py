@@ -141,6 +141,7 @@ class Sm90BackwardKernel:
         # deterministic mode fixes the order of the additions.
         self.rotate = config.rotate_query_blocks and not config.causal and not config.deterministic
         self.split = config.head_dim_split
+        self.staggered = config.staggered_warpgroups
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
         self.budget = register_budget(config.consumer_warpgroups)
@@ -575,14 +576,34 @@ class Sm90BackwardKernel:
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
                 m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
-                ds_stage = step % self.ds_stages
-                if cutlass.const_expr(ds_offset is not None):
-                    ds_stage = (step + ds_offset) % self.ds_stages
-                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block, ds_stage, scale_log2,
-                          tidx, masked)
+                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block,
+                          self.ds_stage(step, ds_offset), scale_log2, tidx, masked, step == m_begin)
                 q_state.advance()
                 do_state.advance()
+        if cutlass.const_expr(self.staggered):
+            if ops.warpgroup_idx == 0:
+                if m_end > m_begin:
+                    # The walk's last dQ of warpgroup 0, one step late like the others.
+                    self.wait_ds_written(1)
+                    acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
+                    stage = self.ds_stage(m_end - 1, ds_offset)
+                    warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, stage], ops.tdQrK, True)
+                    warpgroup.wait_group(0)
+                    self.write_dq(ops, acc_dq, sdQ)
+                    self.publish_dq(ops)
         return q_state, do_state
+
+    def ds_stage(self, step: Int32, ds_offset: Optional[Int32]) -> Int32:
+        """The dSᵀ buffer of a walk's step: they take turns by step (not by query block,
+        which a rotated walk wraps), from ``ds_offset`` on (None: 0)."""
+        if cutlass.const_expr(ds_offset is not None):
+            step = step + ds_offset
+        return step % self.ds_stages
+
+    def wait_ds_written(self, writer: int) -> None:
+        """Staggered: sync until warpgroup ``writer`` has written its rows of the next
+        query block's dSᵀ tile in order (and fenced them for the wgmma's reads)."""
+        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_WRITTEN_0) + writer, number_of_threads=self.consumer_threads)
 
     @cute.jit
     def consumer_operands(
@@ -651,11 +672,12 @@ class Sm90BackwardKernel:
         scale_log2: Float32,
         tidx: Int32,
         masked: cutlass.Constexpr[bool],
+        first: cutlass.Boolean,
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
-        ``ds_stage``: the dSᵀ buffer, taking turns by step (not by query block, which a
-        rotated walk wraps)."""
-        self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked)
+        ``ds_stage``: the dSᵀ buffer (``ds_stage``); ``first``: the walk's first step."""
+        self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked,
+                      first)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
@@ -677,14 +699,22 @@ class Sm90BackwardKernel:
             self.write_dq(ops, acc_dq, sdQ)
             self.publish_dq(ops)
         else:
+            dq_stage, dq_due = ds_stage, True
+            if cutlass.const_expr(self.staggered):
+                # Warpgroup 0 computes the previous block's dQ. On a walk's first step there is
+                # none: it still runs the GEMM, on a buffer no one writes during it, and drops
+                # the result (a wgmma under a branch would serialise them all in ptxas).
+                dq_stage = (ds_stage + self.ds_stages - 1 + ops.warpgroup_idx) % self.ds_stages
+                dq_due = (ops.warpgroup_idx != 0) | (not first)
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, dq_stage], ops.tdQrK, True)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
             do_ring.consumer_release(do_state)
-            self.write_dq(ops, acc_dq, sdQ)
-            self.publish_dq(ops)
+            if dq_due:
+                self.write_dq(ops, acc_dq, sdQ)
+                self.publish_dq(ops)
             warpgroup.wait_group(0)
             q_ring.consumer_release(q_state)
 
@@ -716,9 +746,14 @@ class Sm90BackwardKernel:
     def p_and_ds(
         self, ops: BackwardOperands, q_ring, do_ring, q_state, do_state, rows: RowInputs, block: KeyBlock,
         m_block: Int32, ds_stage: Int32, scale_log2: Float32, masked: cutlass.Constexpr[bool],
+        first: cutlass.Boolean,
     ):
         """Sᵀ and dPᵀ of this warpgroup's keys (or, head-dim split, queries), Pᵀ and dSᵀ;
         dV's GEMM issued from registers (keys) or Pᵀ and dSᵀ in shared memory (split)."""
+        if cutlass.const_expr(self.staggered):
+            if ops.warpgroup_idx == 1:
+                # Half a step behind: this block's dSᵀ rows of warpgroup 0 are written.
+                self.wait_ds_written(0)
         q_ring.consumer_wait(q_state)
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
@@ -758,9 +793,20 @@ class Sm90BackwardKernel:
             # The packed dSᵀ of the dK GEMM, seen as an accumulator, is what stmatrix stores:
             # no second conversion, no second copy in registers.
             ds_acc = a_operand_as_acc(ops.dst, acc_dpt)
+            if cutlass.const_expr(self.staggered):
+                if ops.warpgroup_idx == 0:
+                    if not first:
+                        # The previous block's rows of warpgroup 1 are written, so its dQ GEMM
+                        # of the block before, the last reader of this buffer, is done.
+                        self.wait_ds_written(1)
             cute.copy(ops.store_ds, ops.store_ds.retile(ds_acc), ops.store_ds.partition_D(ops.sdS[None, None, ds_stage]))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
+        if cutlass.const_expr(self.staggered):
+            cute.arch.barrier_arrive(
+                barrier_id=int(NamedBarrier.DS_WRITTEN_0) + ops.warpgroup_idx, number_of_threads=self.consumer_threads
+            )
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DS_TILE), number_of_threads=self.consumer_threads)
 
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):

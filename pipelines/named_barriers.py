@@ -31,6 +31,10 @@ class NamedBarrier(enum.IntEnum):
     # Forward with one O store per consumer warpgroup: warpgroup i's 128 threads meet on
     # EPILOGUE_WARPGROUP_0 + i around writing their slab of O (10, 11, 12).
     EPILOGUE_WARPGROUP_0 = 10
+    # Backward with staggered warpgroups (no DS_TILE meeting): warpgroup i arrives on
+    # DS_WRITTEN_0 + i once its rows of a query block's dSᵀ tile are written, and the other
+    # syncs there before its dQ GEMM reads them. 256 threads each; 13, 14.
+    DS_WRITTEN_0 = 13
 
 
 class WarpgroupPingPong:

@@ -169,6 +169,66 @@ def test_backward_mirror_pairs_variants_match_reference(head_dim, seqlen_q, seql
     _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, head_dim, True, torch.bfloat16, config)
 
 
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
+@pytest.mark.parametrize(
+    "heads,kv_heads,change",
+    (
+        (3, 3, dict()),
+        (3, 3, dict(dq_first_stores=False)),
+        (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
+        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
+        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True, mirror_pairs=True)),
+    ),
+    ids=("mha", "mha-zeroed", "gqa2-accumulate", "gqa3-in-cta", "gqa3-in-cta-mirrored"),
+)
+def test_backward_staggered_variants_match_reference(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads, change):
+    # The key split's warpgroups half a step apart (staggered_warpgroups): warpgroup 0's dQ
+    # one step late and the walk's last after it, under every way of walking and writing
+    # dK and dV; walks of one step (one query, or 17), walks whose blocks see no key
+    # (causal, 4096 queries on 128 keys), several walks per CTA (groups, mirrored pairs).
+    import dataclasses
+
+    from flash4.backward import backward_config
+
+    if change.get("mirror_pairs") and not causal:
+        pytest.skip("mirror_pairs pairs causal key blocks only")
+    config = dataclasses.replace(
+        backward_config(head_dim, causal, kv_heads != heads, seqlen_k=seqlen_k), staggered_warpgroups=True, **change
+    )
+    _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, torch.bfloat16, config)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (8, 2)), ids=("mha", "gqa"))
+def test_staggered_backward_has_the_bits_of_in_step(head_dim, causal, heads, kv_heads):
+    # Staggered warpgroups change when each dQ GEMM runs, not what it adds: deterministic,
+    # so the additions go in the same order, the two kernels' gradients are bit-identical.
+    import dataclasses
+
+    from flash4 import flash_attn_func
+    from flash4.backward import attention_backward, backward_config
+
+    dtype = torch.bfloat16
+    q = torch.randn(2, 777, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    in_step = backward_config(head_dim, causal, kv_heads != heads, True, seqlen_k=1000)
+    runs = []
+    for config in (in_step, dataclasses.replace(in_step, staggered_warpgroups=True)):
+        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
+                                       config=config))
+    torch.cuda.synchronize()
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert not a.isnan().any(), f"{name}: some element was never written"
+        assert torch.equal(a, b), f"{name}: staggered differs from in step"
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))

@@ -153,6 +153,35 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
 
 
 
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_staggered_backward_meets_by_arrivals(head_dim, causal):
+    # Staggered warpgroups (staggered_warpgroups) never meet all at once in the loops: per
+    # step warpgroup 1 syncs on warpgroup 0's DS_WRITTEN (before its Sᵀ) and warpgroup 0
+    # on warpgroup 1's (before writing dSᵀ), each arriving on its own once written (id by
+    # register); warpgroup 0's last dQ after the walk waits once more, and runs one more dQ
+    # GEMM and its stores. No DS_TILE meeting; every wgmma still pipelined.
+    import dataclasses
+
+    from flash4.backward import backward_config
+    from flash4.compiler import compile_backward_report
+
+    config = dataclasses.replace(backward_config(head_dim, causal, seqlen_k=1024), staggered_warpgroups=True)
+    report = compile_backward_report(config)
+    assert report.serialized_wgmma == 0 and report.spill_bytes == 0
+    ptx = report.ptx
+    dq_row_blocks = 1 if config.dq_rows else config.tile_m // 64
+    dq_gemm = dq_row_blocks * config.tile_n // 16
+    per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + dq_gemm
+    assert ptx.count("wgmma.mma_async") == 2 * per_block + dq_gemm
+    written = [str(int(NamedBarrier.DS_WRITTEN_0) + i) for i in range(2)]
+    loop = [("sync", written[0]), ("sync", written[1]), ("arrive", "%")]
+    met = [(op, b if not b.startswith("%") else "%") for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 256;", ptx)]
+    assert met == 2 * loop + [("sync", written[1])] + [("sync", str(int(NamedBarrier.EPILOGUE)))] * 2
+    part = config.dq_tile_geometry
+    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 3 * part.part_rows * part.part_cols // (2 * 128)
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("grouped", (False, True), ids=("mha", "gqa"))
 def test_deterministic_backward_takes_turns(head_dim, grouped):
