@@ -107,8 +107,12 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # and dK (tile_m / 16), dQ (tile_n / 16 for each 64 query rows a warpgroup computes: all
     # of them when the warpgroups split the columns, its own 64 when they split the rows).
     dq_row_blocks = 1 if config.dq_rows else config.tile_m // 64
-    per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + dq_row_blocks * config.tile_n // 16
-    assert ptx.count("wgmma.mma_async") == 2 * per_block * walks
+    dq_gemm = dq_row_blocks * config.tile_n // 16
+    per_block = 2 * head_dim // 16 + 2 * config.tile_m // 16 + dq_gemm
+    # Staggered (the selector's multi-head kernels at head dims 64 and 128): warpgroup 0's
+    # last dQ of a walk after it, one more GEMM and its stores.
+    staggered = int(config.staggered_warpgroups)
+    assert ptx.count("wgmma.mma_async") == (2 * per_block + staggered * dq_gemm) * walks
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2 * walks
@@ -117,8 +121,9 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # shared memory stay 8 bytes wide. A part is handed over through two
     # 160-thread barriers (its warpgroup and the store warp): the warpgroup arrives on
     # DQ_FULL and syncs on DQ_EMPTY (ids by register: its own pair), the store warp the
-    # other way round (ids as constants, both parts). The warpgroups meet once per block,
-    # at the 256-thread barrier before the dQ GEMM reads dSᵀ.
+    # other way round (ids as constants, both parts; staggered, warpgroup 1's first). The
+    # warpgroups meet once per block, at the 256-thread barrier before the dQ GEMM reads
+    # dSᵀ, or (staggered) wait for each other's rows of it (test_staggered_...).
     parts = config.consumer_warpgroups
     assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == parts * walks
     assert "cp.reduce.async.bulk.tensor" not in ptx
@@ -128,15 +133,21 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # Two values per store, a warpgroup's part over 128 threads, in the masked and the
     # mask-free loop.
     part = config.dq_tile_geometry
-    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 2 * part.part_rows * part.part_cols // (2 * 128) * walks
+    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == (
+        (2 + staggered) * part.part_rows * part.part_cols // (2 * 128) * walks
+    )
     full, empty = ([str(int(first) + i) for i in range(parts)] for first in (NamedBarrier.DQ_FULL_0, NamedBarrier.DQ_EMPTY_0))
     handoff = [(op, b) for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)]
-    assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == full * walks
+    # A staggered walk's last dQ, warpgroup 0's alone, names its pair by constants.
+    order = full[::-1] + [empty[0]] if staggered else full
+    assert [b for op, b in handoff if op == "sync" and not b.startswith("%")] == order * walks
     assert sorted(b for op, b in handoff if op == "arrive" and not b.startswith("%")) == sorted(empty * 2 * walks)
-    # Masked and mask-free loops: one sync, one arrive.
-    assert sum(b.startswith("%") for _, b in handoff) == 4 * walks
+    # Masked and mask-free loops: one sync, one arrive (and the staggered walk's last arrive).
+    assert sum(b.startswith("%") for _, b in handoff) == (4 + staggered) * walks
     epilogue = [] if grouped else [NamedBarrier.EPILOGUE] * 2
-    assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue] * walks
+    if not staggered:
+        meetings = [str(int(b)) for b in [NamedBarrier.DS_TILE] * 2 + epilogue] * walks
+        assert re.findall(r"bar\.sync\s+(\S+), 256;", ptx) == meetings
     # Grouped: dK and dV are added in fp32 by every thread, two adjacent values per 8-byte
     # reduction; otherwise they leave by TMA store.
     reductions = ptx.count("red.relaxed.gpu.global.add.v2.f32")
