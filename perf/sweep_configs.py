@@ -444,6 +444,15 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # C7512 with P packed after dS, with flash-attn-4's order (dV waited for between dQᵀ and
 # dK), with no masked loop, and with dQ's stores cut to one value; waiting for dV before
 # dQᵀ compiles but spills 28 bytes.
+# Taken (2026-12-01, the main kernel alone, paired rounds; -bwd-staggered.json; 116 GPU tests
+# of the variant and the selector's 296 + 12 passed): the key split's warpgroups half a step
+# apart (staggered_warpgroups; flash4/backward.py has the numbers). A probe first: without
+# the DS_TILE barrier alone, nothing (606 / 570 against 604 / 566, in step still); without
+# it and warpgroup 1 starting once warpgroup 0 had written its first dSᵀ (results wrong),
+# causal +2-5% and unmasked -2% to +2%. Warpgroup 1's wait placed after its Sᵀ and dPᵀ
+# issue, or right before its own dSᵀ write (the warpgroups then free to drift back into
+# step), was no better than at the start of its step. A wgmma under the first step's branch
+# (to skip warpgroup 0's dropped dQ GEMM) serialises every wgmma (C7512, 328 bytes spilled).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
