@@ -54,15 +54,21 @@ KV_GROUP_IN_CTA_MIN_WAVE_FILL = 0.95
 # query heads per kv head the pairs won at 1k, and at 4k at head dim 64 (440 -> 472) and
 # at 128 as well (474 -> 502), where 8 lost; the bound follows the groups of 8.
 MIRRORED_KV_GROUP_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 1024}
-# Multi-head, the key split's warpgroups half a step apart (staggered_warpgroups) where that
+# The key split's warpgroups half a step apart (staggered_warpgroups) where that
 # paid: the main kernel alone, in step -> staggered, three paired rounds (two at 1k) on the
 # H200 (2026-12-01, perf/results/h200/2026-12-01-bwd-staggered.json). Head dim 128 full 16k
 # 602/599/590 -> 613/612/606, 4k 584/584/568 -> 601/590/591, 1k 544/532 -> 536/541;
 # causal 16k 615/597/597 -> 608/609/614, 4k 540/556/546 -> 611/550/549, 1k 435/441 ->
 # 433/436. Head dim 64 full 16k 535/534/530 -> 544/556/539, 1k 470/468 -> 469/478; not
-# causal, where it lost at 1k (385/384/379 -> 374/370/375) and tied from 4k. GQA/MQA
-# walks were not timed, so they stay in step.
-STAGGERED_HEAD_DIMS: dict[bool, tuple[int, ...]] = {False: (64, 128), True: (128,)}
+# causal, where it lost at 1k (385/384/379 -> 374/370/375) and tied from 4k. GQA, 8 query
+# heads per kv head, one round (-bwd-staggered.json): the same way round under every kv
+# scheme, head dim 128 full 1k / 16k 584 -> 594, 594 -> 604 (a CTA per kv head), causal 1k
+# 385 -> 387 (mirrored pairs), 16k 583 -> 592 (shared accumulators); 64 full 16k 521 ->
+# 532, causal 4k 492 -> 480 (mirrored pairs). Grouped head dim 64 stays in step: a CTA per
+# kv head spills 4 bytes staggered (CUDA 12's ptxas and 13's alike). Keyed by (grouped, causal).
+STAGGERED_HEAD_DIMS: dict[tuple[bool, bool], tuple[int, ...]] = {
+    (False, False): (64, 128), (False, True): (128,), (True, False): (128,), (True, True): (128,),
+}
 
 
 def wave_fill(ctas: int, sms: int) -> float:
@@ -103,7 +109,7 @@ def backward_config(
         head_dim=head_dim, causal=causal, kv_accumulate=grouped and not group_in_cta, kv_group_in_cta=group_in_cta,
         mirror_pairs=group_in_cta and causal, deterministic=deterministic,
         dq_first_stores=deterministic or seqlen_k < ZEROED_DQ_MIN_SEQLEN_K,
-        staggered_warpgroups=not grouped and head_dim in STAGGERED_HEAD_DIMS[causal], **shape,
+        staggered_warpgroups=head_dim in STAGGERED_HEAD_DIMS[grouped, causal], **shape,
     )
 
 

@@ -23,7 +23,11 @@ warpgroup's 64 key rows of Pᵀ are exactly the rows of dV it owns. dQ needs all
 both warpgroups, so dSᵀ alone goes through shared memory; each warpgroup then computes
 its part of dQ (half of the columns, or its 64 query rows at head dim 64) and writes it to
 shared memory for the store warp to add into the accumulator, so the two warpgroups meet
-once per query block (when dSᵀ is written) and dSᵀ takes two buffers.
+once per query block (when dSᵀ is written) and dSᵀ takes two buffers. Staggered
+(``staggered_warpgroups``) they do not meet: warpgroup 1 runs half a step behind
+warpgroup 0, each waiting for the other's rows of dSᵀ on a barrier of its own, and
+warpgroup 0 computes each block's dQ a step late, so that one's exponentials and dS math
+run beside the other's GEMMs.
 
 At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per thread, so
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
@@ -779,9 +783,10 @@ class Sm90BackwardKernel:
         # dSᵀ (and, head-dim split, Pᵀ) to shared memory: the dQ GEMM reads all keys of
         # dSᵀ, the split's dV and dK GEMMs all queries of Pᵀ and dSᵀ. Two buffers take
         # turns: the GEMMs of the block before last, whose buffer this one reuses, are done
-        # in both warpgroups, as each waited for its own before the last DS_TILE barrier.
-        # After the writes, the wgmma (async proxy) reads what stmatrix (generic proxy)
-        # wrote.
+        # in both warpgroups, as each waited for its own before the last DS_TILE barrier
+        # (staggered: the other's GEMM on it was done before the arrival the writer last
+        # waited for). After the writes, the wgmma (async proxy) reads what stmatrix
+        # (generic proxy) wrote.
         if cutlass.const_expr(self.split):
             for acc, smem in ((acc_st, ops.sP), (acc_dpt, ops.sdS)):
                 packed = cute.make_rmem_tensor_like(acc, self.dtype)
