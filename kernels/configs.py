@@ -411,7 +411,8 @@ class Sm90BackwardConfig:
     # at every query block, since each one's dQ GEMM reads the dSᵀ rows of both. Staggered,
     # warpgroup 1 starts a query block once warpgroup 0 has written its dSᵀ rows of it, and
     # warpgroup 0, ahead, computes each block's dQ one step late, once warpgroup 1's rows are
-    # there too (the last after its walk). Same bits as in step.
+    # there too (the last after its walk). Same bits as in step (deterministic, a GPU test
+    # compares them).
     staggered_warpgroups: bool = False
 
     @property

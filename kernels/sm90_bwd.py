@@ -679,7 +679,7 @@ class Sm90BackwardKernel:
         first: cutlass.Boolean,
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
-        ``ds_stage``: the dSᵀ buffer (``ds_stage``); ``first``: the walk's first step."""
+        ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step."""
         self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked,
                       first)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)

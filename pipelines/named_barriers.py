@@ -33,7 +33,8 @@ class NamedBarrier(enum.IntEnum):
     EPILOGUE_WARPGROUP_0 = 10
     # Backward with staggered warpgroups (no DS_TILE meeting): warpgroup i arrives on
     # DS_WRITTEN_0 + i once its rows of a query block's dSᵀ tile are written, and the other
-    # syncs there before its dQ GEMM reads them. 256 threads each; 13, 14.
+    # syncs there before its dQ GEMM reads them (warpgroup 1 at the start of its step,
+    # warpgroup 0 before writing its next rows). 256 threads each; 13, 14.
     DS_WRITTEN_0 = 13
 
 

@@ -71,6 +71,21 @@ def _backward_matches_reference(batch, seqlen_q, seqlen_k, heads, kv_heads, head
     _check_against_reference(q, k, v, dout, causal, (dq, dk, dv))
 
 
+def _many_adders_inputs(heads, kv_heads, head_dim, causal):
+    """Fresh bf16 q, k, v, dout for 777 queries on 1000 keys (batch 2), with flash4's out
+    and LSE: eight key blocks add into each query block's dQ, and under GQA several query
+    heads into each dK, dV."""
+    from flash4 import flash_attn_func
+
+    dtype = torch.bfloat16
+    q = torch.randn(2, 777, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    return q, k, v, out, dout, lse
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
@@ -208,15 +223,9 @@ def test_staggered_backward_has_the_bits_of_in_step(head_dim, causal, heads, kv_
     # so the additions go in the same order, the two kernels' gradients are bit-identical.
     import dataclasses
 
-    from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
-    dtype = torch.bfloat16
-    q = torch.randn(2, 777, heads, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    q, k, v, out, dout, lse = _many_adders_inputs(heads, kv_heads, head_dim, causal)
     in_step = backward_config(head_dim, causal, kv_heads != heads, True, seqlen_k=1000)
     runs = []
     for config in (in_step, dataclasses.replace(in_step, staggered_warpgroups=True)):
@@ -249,15 +258,9 @@ def test_long_rows_zeroed_accumulator_matches_reference(head_dim, causal, seqlen
 def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_heads):
     # Many key blocks add into each query block's dQ (1000 keys), and under GQA four query
     # heads into each dK, dV: the orders that deterministic mode fixes.
-    from flash4 import flash_attn_func
     from flash4.backward import attention_backward
 
-    dtype = torch.bfloat16
-    q = torch.randn(2, 777, heads, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(2, 1000, kv_heads, head_dim, device="cuda", dtype=dtype)
-    dout = torch.randn_like(q)
-    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    q, k, v, out, dout, lse = _many_adders_inputs(heads, kv_heads, head_dim, causal)
     runs = []
     for _ in range(2):
         grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
