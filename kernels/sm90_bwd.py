@@ -241,6 +241,10 @@ class Sm90BackwardKernel:
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_lse, tma_delta, mdQAccum, mdQCounters, mdKVTurns, mdQReady,
             atom_q, atom_k, atom_v, atom_do, atom_dk, atom_dv, atom_lse, atom_delta,
             softmax_scale,
+            # Query heads per kv head, divided on the host: a kernel argument is a uniform
+            # value, as the kv_group_in_cta walks' loop bound should be (the quotient
+            # computed in the kernel took a register, spilled at head dim 64 staggered).
+            cute.size(mQ.shape[2]) // cute.size(mK.shape[2]),
             sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             self.shared_storage(sQ_layout, sdO_layout, sK_layout, sdS_layout, sdQ_layout),
@@ -319,6 +323,7 @@ class Sm90BackwardKernel:
         atom_lse: cute.CopyAtom,
         atom_delta: cute.CopyAtom,
         softmax_scale: Float32,
+        heads_per_kv_head: Int32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -358,7 +363,7 @@ class Sm90BackwardKernel:
         # The query heads this CTA walks: its own, or (kv_group_in_cta) its kv head's group.
         first_head, heads_walked = head, 1
         if cutlass.const_expr(self.config.kv_group_in_cta):
-            first_head, heads_walked = head * (mQ.shape[2] // mK.shape[2]), mQ.shape[2] // mK.shape[2]
+            first_head, heads_walked = head * heads_per_kv_head, heads_per_kv_head
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
