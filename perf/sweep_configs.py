@@ -453,6 +453,16 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # issue, or right before its own dSᵀ write (the warpgroups then free to drift back into
 # step), was no better than at the start of its step. A wgmma under the first step's branch
 # (to skip warpgroup 0's dropped dQ GEMM) serialises every wgmma (C7512, 328 bytes spilled).
+# Lost (2026-12-01, head dim 256, three rounds, --control; -bwd-sweep-d256-dq-register-adds.json;
+# 54 GPU tests of the variant passed): each consumer thread adding its dQ into the zeroed fp32
+# accumulator from registers (red.global.add of adjacent pairs, 32 a thread per block at the
+# offsets the bulk reduction uses; no shared-memory tile, no store warp), to take the tile's
+# 128 KB in and out of the ~544 KB a step moves through shared memory. Medians, selector /
+# again -> register adds (-> with the freed 64 KB holding two Q and two dO stages): full
+# 1k 378/378 -> 252 (258), 4k 438/439 -> 286 (296), 16k 454/454 -> 299 (309); causal 1k
+# 302/311 -> 210 (215), 4k 408/411 -> 266 (278), 16k 439/468 -> 306 (314). A third slower:
+# 8-byte reductions, 8192 a CTA per block, outrun the L2's atomic units by far where one
+# bulk reduction moves whole lines. The second stages' +3% was the one gain.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
