@@ -463,6 +463,14 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # 302/311 -> 210 (215), 4k 408/411 -> 266 (278), 16k 439/468 -> 306 (314). A third slower:
 # 8-byte reductions, 8192 a CTA per block, outrun the L2's atomic units by far where one
 # bulk reduction moves whole lines. The second stages' +3% was the one gain.
+# Lost (2026-12-01, head dim 256, three rounds, --control; -bwd-sweep-d256-late-dq-writes.json;
+# 54 GPU tests of the variant passed): each block's dQ written to its shared-memory tile a
+# block late, under the next block's Sᵀ GEMM (copied out of the dQ GEMM's registers with
+# a + 0.0, else ptxas waits for the Sᵀ GEMM before the stores, C7517; issued under both Sᵀ
+# and dPᵀ it spills 128 bytes). Selector / again -> late: full 1k 384/385 -> 338, 4k
+# 443/427 -> 379, 8k 454/460 -> 408, 16k 463/469 -> 415; causal 1k 315/313 -> 288, 4k
+# 418/415 -> 364, 8k 458/448 -> 411, 16k 459/472 -> 424. 10% slower: the stores share
+# shared memory with the GEMM whose result the step's softmax waits for.
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
