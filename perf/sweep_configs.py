@@ -471,6 +471,13 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # 443/427 -> 379, 8k 454/460 -> 408, 16k 463/469 -> 415; causal 1k 315/313 -> 288, 4k
 # 418/415 -> 364, 8k 458/448 -> 411, 16k 459/472 -> 424. 10% slower: the stores share
 # shared memory with the GEMM whose result the step's softmax waits for.
+# Lost (2026-12-01, head dim 256, three rounds, --control; -bwd-sweep-d256-dq-under-dv.json;
+# 54 GPU tests of the variant passed): the dQ GEMM issued between dK's and dV's and its tile
+# written while dV's runs (dO freed last), not after all three. Selector / again -> variant:
+# full 1k 380/380 -> 378, 4k 439/438 -> 435, 8k 454/449 -> 315, 16k 440/461 -> 315; causal
+# 1k 315/311 -> 309, 4k 420/416 -> 414, 8k 451/450 -> 318, 16k 459/464 -> 328. Even below
+# 8k, 30% slower from 8k, where dQ's accumulator is zeroed and every part adds (why the
+# bulk additions, not the first stores, fall that far behind was not looked into).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
