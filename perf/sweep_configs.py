@@ -469,8 +469,8 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 # a + 0.0, else ptxas waits for the Sᵀ GEMM before the stores, C7517; issued under both Sᵀ
 # and dPᵀ it spills 128 bytes). Selector / again -> late: full 1k 384/385 -> 338, 4k
 # 443/427 -> 379, 8k 454/460 -> 408, 16k 463/469 -> 415; causal 1k 315/313 -> 288, 4k
-# 418/415 -> 364, 8k 458/448 -> 411, 16k 459/472 -> 424. 10% slower: the stores share
-# shared memory with the GEMM whose result the step's softmax waits for.
+# 418/415 -> 364, 8k 458/448 -> 411, 16k 459/472 -> 424. 10% slower, likely because the
+# stores share shared memory with the GEMM whose result the step's softmax waits for (not profiled).
 # Lost (2026-12-01, head dim 256, three rounds, --control; -bwd-sweep-d256-dq-under-dv.json;
 # 54 GPU tests of the variant passed): the dQ GEMM issued between dK's and dV's and its tile
 # written while dV's runs (dO freed last), not after all three. Selector / again -> variant:
