@@ -163,7 +163,11 @@ def _fp8_forward_arguments(config: Any, out_dtype_name: str, with_lse: bool) -> 
     o = _fake_tensor(_cutlass_dtype(out_dtype_name), (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
     lse = _fake_tensor(cutlass.Float32, (batch, heads, seqlen_q), LSE_ALIGN_BYTES) if with_lse else None
     q_descale = _fake_tensor(cutlass.Float32, (batch, heads, m_blocks), DESCALE_ALIGN_BYTES)
-    k_descale, v_descale = (_fake_tensor(cutlass.Float32, (batch, kv_heads, n_blocks), DESCALE_ALIGN_BYTES) for _ in range(2))
+    k_descale = _fake_tensor(cutlass.Float32, (batch, kv_heads, n_blocks), DESCALE_ALIGN_BYTES)
+    # A per-tensor V's kernel reads one float, the first: its descale may come as a (1, 1, 1)
+    # view of the tensor's own, with no expanded copy made on every call.
+    v_shape = tuple(cute.sym_int() for _ in range(3)) if config.fp8_v_per_tensor else (batch, kv_heads, n_blocks)
+    v_descale = _fake_tensor(cutlass.Float32, v_shape, DESCALE_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return (q, k, vt, o, lse, q_descale, k_descale, v_descale, cutlass.Float32(1.0), cutlass.Int32(1),
             _fake_tile_counter(config), stream)

@@ -50,7 +50,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         mLSE: cute.Tensor,  # (batch, heads, seqlen_q), float32, or None
         mQDescale: cute.Tensor,  # (batch, heads, query blocks), float32
         mKDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32
-        mVDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32
+        mVDescale: cute.Tensor,  # (batch, kv_heads, key blocks), float32; V per tensor: any shape, its first float
         softmax_scale_log2: Float32,
         max_ctas: Int32,
         mTileCounter: Optional[cute.Tensor],  # (1,) int32, zeroed (dynamic_tiles), or None
@@ -86,11 +86,16 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         if cutlass.const_expr(self.config.cluster_ctas > 1):
             # A cluster's query block past seqlen_q has no descale; its rows are never stored.
             q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
+        # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
+        v_cursor = (
+            DescaleCursor(v_descale, 0, 0, 0) if cutlass.const_expr(self.config.fp8_v_per_tensor)
+            else DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1)
+        )
         return BlockScaledSoftmax(
             softmax_scale_log2 * q_descale[tile.batch, tile.head, q_block],
             rows,
             DescaleCursor(k_descale, tile.batch, kv_head, tile.n_block_max - 1),
-            DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1),
+            v_cursor,
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
             self.p_by_rounding,

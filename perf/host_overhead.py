@@ -1,18 +1,22 @@
 """Host cost per call at a tiny shape, where the GPU work is negligible (issue 3's protocol).
 
-    python perf/host_overhead.py [--calls 1000] [--breakdown]
+    python perf/host_overhead.py [--calls 1000] [--breakdown] [--fp8 [--short-shapes]]
 
 Wall time of ``calls`` back-to-back calls followed by one synchronize, divided by calls:
 what a framework pays per attention call when the kernel itself takes a few microseconds.
 Shape: batch 1, seqlen 128, 16 heads, head dim 64, bf16. ``--breakdown`` times each step
-of ``flash_attn_func`` on its own instead.
+of ``flash_attn_func`` on its own instead. ``--fp8``: the same for the FP8 calls, on the
+bench's FP8 inputs (Q and K blockwise, V per tensor and laid out beforehand), beside
+cuDNN's FP8 graph where it imports; with ``--breakdown``, each step of
+``flash_attn_fp8_quantized``; with ``--short-shapes``, the call against its kernel alone
+on the FP8 bench's shapes at seqlen 512 and 1k.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -55,13 +59,117 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> 
         print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)
 
 
+class Fp8Calls(NamedTuple):
+    """``flash_attn_fp8_quantized`` on the inputs the bench's FP8 provider times (Q and K
+    blockwise, V per tensor and laid out beforehand), and its compiled kernel called alone
+    with the arguments the call gives it."""
+
+    call: Callable[[], object]
+    kernel_only: Callable[[], object]
+    inputs: tuple  # q8, k8, v8
+    entry: object  # the selector's row
+
+
+def fp8_calls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Fp8Calls:
+    from flash4.compiler import compiled_forward, tile_counter
+    from flash4.dispatch import select_fp8
+    from flash4.fp8 import flash_attn_fp8_quantized, fp8_blocks, kernel_descales
+    from flash4.quantize import quantize_fp8, transpose_fp8_v
+
+    batch, seqlen, heads, head_dim = q.shape
+    scale = head_dim**-0.5
+    blocks = fp8_blocks(head_dim, causal, seqlen)
+    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), transpose_fp8_v(quantize_fp8(v, None))
+    entry = select_fp8("sm_90a", head_dim, causal, seqlen, v_per_tensor=True)
+    kernel = compiled_forward(entry, False)
+    out = torch.empty_like(q)
+    descales = kernel_descales(q8, k8, v8, batch, heads, k.shape[2], -(-seqlen // entry.config.tile_m),
+                               -(-k.shape[1] // entry.config.tile_n))
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    counter = tile_counter(entry.config, q.device)
+    return Fp8Calls(
+        lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal),
+        lambda: kernel(q8.values, k8.values, v8.values, out, None, *descales, scale * LOG2_E, sms, counter),
+        (q8, k8, v8),
+        entry,
+    )
+
+
+def fp8_overhead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int, steps: bool) -> None:
+    """Host cost of the FP8 calls (or, ``steps``, of each step of
+    ``flash_attn_fp8_quantized``), beside cuDNN's FP8 graph where it imports."""
+    from flash4 import bench
+    from flash4.compiler import compiled_forward
+    from flash4.dispatch import select_fp8
+    from flash4.fp8 import OUT_DTYPE, check_fp8_args, flash_attn_fp8
+
+    scale = HEAD_DIM**-0.5
+    fp8 = fp8_calls(q, k, v, False)
+    if steps:
+        (q8, k8, v8), entry = fp8.inputs, fp8.entry
+        for name, fn in {
+            "flash_attn_fp8_quantized": fp8.call,
+            "check_fp8_args": lambda: check_fp8_args(q8, k8, v8, scale, False),
+            "select_fp8": lambda: select_fp8("sm_90a", HEAD_DIM, False, SEQLEN, v_per_tensor=True),
+            "compiled_forward lookup": lambda: compiled_forward(entry, False),
+            "torch.empty_like for out": lambda: torch.empty_like(
+                q8.values, dtype=OUT_DTYPE, memory_format=torch.contiguous_format
+            ),
+            "kernel call (same out)": fp8.kernel_only,
+        }.items():
+            print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)
+        return
+    providers: dict[str, Callable[[], object]] = {
+        "flash4 fp8 (quantized inputs)": fp8.call,
+        "flash4 fp8 compiled kernel only": fp8.kernel_only,
+        "flash_attn_fp8 (quantizing)": lambda: flash_attn_fp8(q, k, v, softmax_scale=scale),
+    }
+    if "cudnn-fp8" in bench.FP8_PROVIDERS:
+        try:
+            providers["cudnn fp8"] = bench.FP8_PROVIDERS["cudnn-fp8"](q, k, v, False, scale)[0]
+        except ImportError as exc:
+            print(f"cudnn fp8: {exc}")
+    for name, fn in providers.items():
+        print(f"{name:32s} {per_call_us(fn, calls):7.1f} us per call", flush=True)
+
+
+def fp8_short_shapes(calls: int) -> None:
+    """The FP8 bench's shapes at seqlen 512 and 1k, where a kernel takes 60-240 us: the call
+    against its compiled kernel alone in do_bench (GPU time between launches: what the
+    call launches besides the kernel), twice each, alternating, and the call's wall time
+    per call back to back (at or above the kernel's time once the host binds)."""
+    from triton.testing import do_bench
+
+    for head_dim in (64, 128, 256):
+        for causal in (False, True):
+            for seqlen in (512, 1024):
+                batch, heads = 16384 // seqlen, 2048 // head_dim
+                q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                fp8 = fp8_calls(q, k, v, causal)
+                (call_1, alone_1), (call_2, alone_2) = (
+                    [do_bench(fn, warmup=25, rep=100) * 1e3 for fn in (fp8.call, fp8.kernel_only)] for _ in range(2)
+                )
+                print(f"head dim {head_dim:3d} {'causal' if causal else 'full  '} seqlen {seqlen:4d}: do_bench call "
+                      f"{call_1:6.1f} / {call_2:6.1f} us, kernel alone {alone_1:6.1f} / {alone_2:6.1f} us; "
+                      f"call wall {per_call_us(fp8.call, calls):6.1f} us", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--fp8", action="store_true")
+    parser.add_argument("--short-shapes", action="store_true", help="with --fp8: the bench's FP8 shapes at 512 and 1k")
     args = parser.parse_args()
     q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
+    if args.fp8 and args.short_shapes:
+        fp8_short_shapes(args.calls // 4)
+        return
+    if args.fp8:
+        fp8_overhead(q, k, v, args.calls, args.breakdown)
+        return
     flash4.flash_attn_func(q, k, v)
     if args.breakdown:
         breakdown(q, k, v, args.calls)

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from flash4 import dispatch
-from flash4.fp8 import check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, fp8_blocks, tile_descales
+from flash4.fp8 import (
+    check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, fp8_blocks, kernel_descales, tile_descales,
+)
 from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
 from flash4.kernels.online_softmax import E4M3_MAX
 from flash4.quantize import FP8_MAX, fp8_value_layout, quantize_fp8, transpose_fp8_v
@@ -82,6 +84,22 @@ def test_tile_descales_repeat_a_per_tensor_descale():
     assert d.shape == (2, 3, 3) and d.is_contiguous() and torch.equal(d, q.descale.expand(2, 3, 3))
     blockwise = quantize_fp8(torch.randn(2, 300, 3, 64), 128)
     assert tile_descales(blockwise, 2, 3, 3) is blockwise.descale
+
+
+def test_kernel_descales_pass_a_per_tensor_v_descale_in_place():
+    # The per-tensor V kernel reads one float: no copy (a launch on every call) is made for it.
+    blocks = fp8_blocks(64, False, 300)
+    q = quantize_fp8(torch.randn(2, 300, 4, 64), blocks.q)
+    k, v = (quantize_fp8(torch.randn(2, 300, 2, 64), block) for block in (blocks.kv, None))
+    q_blocks, kv_blocks = -(-300 // blocks.q), -(-300 // blocks.kv)
+    for v_given in (v, transpose_fp8_v(v)):
+        dq, dk, dv = kernel_descales(q, k, v_given, 2, 4, 2, q_blocks, kv_blocks)
+        assert dq is q.descale and dk is k.descale
+        assert dv.shape == (1, 1, 1) and dv.data_ptr() == v.descale.data_ptr() and dv.item() == v.descale.item()
+    per_tensor_k = quantize_fp8(torch.randn(2, 300, 2, 64), None)
+    blockwise_v = quantize_fp8(torch.randn(2, 300, 2, 64), blocks.kv)
+    _, dk, dv = kernel_descales(q, per_tensor_k, blockwise_v, 2, 4, 2, q_blocks, kv_blocks)
+    assert torch.equal(dk, per_tensor_k.descale.expand(2, 2, kv_blocks)) and dv is blockwise_v.descale
 
 
 def _quantized(seqlen_q=10, seqlen_k=12, heads=4, kv_heads=2, head_dim=64):
