@@ -64,7 +64,7 @@ class Sm90ForwardConfig:
     # The tile's first S GEMM also waits for the warpgroup's turn. Without the turn every
     # warpgroup issues that GEMM at once and then all run the first block's softmax
     # together while the tensor cores idle; in turn, the first warpgroup's softmax runs
-    # under the next one's GEMM. Head dim 128 takes it (+0-3%, flash4/dispatch.py).
+    # under the next one's GEMM. Head dim 128 takes it (+0-3%, perf/h200-findings.md).
     first_block_turn: bool = False
     # The tile scheduler's divisions (a position's query block, head and batch) by multiply
     # and shift (True), or by the divider's ~25 instructions on the uniform datapath, its
@@ -72,7 +72,7 @@ class Sm90ForwardConfig:
     # head dim 64 unmasked and 256 causal ran 2-8% faster with the divider while ptxas
     # rebuilt K's descale address in every key block; since K's descales are read through
     # a carried cursor, only the FP8 row of head dim 256 causal keeps it, where CUDA 12's
-    # ptxas spills without it (flash4/dispatch.py, the thirteenth FP8 sweep).
+    # ptxas spills without it (perf/h200-findings.md, the thirteenth FP8 sweep).
     fast_tile_divmod: bool = True
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
@@ -81,7 +81,7 @@ class Sm90ForwardConfig:
     # Slots in Q's ring (persistent, O in a buffer of its own): with two, the producer loads
     # the next tile's Q before this tile's last blocks instead of after its last S GEMM, so
     # short tiles (ncu at seqlen 512: 3% of the consumers' stall samples on Q's barrier) do
-    # not start by waiting for it (flash4/dispatch.py has the sweep).
+    # not start by waiting for it (perf/h200-findings.md has the sweep).
     q_stages: int = 1
     # e4m3 Q, K and V (V given transposed, keys contiguous: FP8 wgmma reads both operands
     # K-major) with one descale per tile, and a 16-bit O (kernels/sm90_fwd_fp8.py).
@@ -90,22 +90,22 @@ class Sm90ForwardConfig:
     # vote and a uniform branch): after the first blocks the max rarely moves, and the
     # rescale is one FMUL per O register per block, a tenth of the softmax's issue slots at
     # head dim 128. Exact: a skipped factor is exactly 1. The FP8 rows and head dim
-    # 256 take it (flash4/dispatch.py has the sweeps).
+    # 256 take it (perf/h200-findings.md has the sweeps).
     rescale_when_needed: bool = False
     # FP8 with V's descale the same for every key block (per tensor, flash_attn_fp8's V):
     # P's scale is the constant 448 and V's descale multiplies O once, so each key block
     # loses a descale load and two IEEE divisions (FCHK + Newton steps in SASS) of the
-    # general path (1-20% on the H200 at head dim 64; flash4/dispatch.py).
+    # general path (1-20% on the H200 at head dim 64; perf/h200-findings.md).
     fp8_v_per_tensor: bool = False
     # The softmax's row sum starts from the rescaled old sum (OnlineSoftmax), so O's
     # rescale interleaves with the block's exponentials: where MUFU binds (head dim 64;
-    # flash4/dispatch.py has the sweep). 16-bit only.
+    # perf/h200-findings.md has the sweep). 16-bit only.
     sum_from_rescaled: bool = False
     # P converted for the P V GEMM before O's rescale instead of after. Where the rescale is
     # a branch (rescale_when_needed), ptxas does not move the conversions above it, so all
     # of them (and FP8's byte permutes) trail the block's exponentials instead of filling
     # the gaps of the MUFU.EX2 stream. Same bits. The FP8 head-dim-256 rows take it (+2-6%);
-    # elsewhere it tied or lost (flash4/dispatch.py, perf/sweep_configs.py).
+    # elsewhere it tied or lost (perf/h200-findings.md, perf/sweep_configs.py).
     p_before_rescale: bool = False
     # FP8, V per tensor: each block's row sums from a second wgmma, P times a tile of ones,
     # in P V's commit group, instead of FADDs on the CUDA cores, whose issue slots bind
@@ -123,7 +123,7 @@ class Sm90ForwardConfig:
     # clock shared memory serves, which TMA's writes of K and V share too; from registers
     # it reads B alone (64). Q's slot is then released as soon as it is loaded. Costs
     # head_dim / 2 registers a thread (bf16; head_dim / 4 for FP8). The FP8 rows at head
-    # dim 64 causal and 128 take it; the 16-bit kernel lost with it (flash4/dispatch.py).
+    # dim 64 causal and 128 take it; the 16-bit kernel lost with it (perf/h200-findings.md).
     q_in_registers: bool = False
     # FP8 kernels whose row sums run on the tensor cores (compiled without an LSE): P's e4m3
     # codes rounded straight from the log2-domain scores, 8 codes per power of two, linear
@@ -131,7 +131,7 @@ class Sm90ForwardConfig:
     # MUFU and an e4m3 conversion (kernels/e4m3_codes.py). The sums are of the same P, so
     # its scale cancels; the variant with an LSE keeps exp2. MUFU's 16 exponentials a clock
     # bound the FP8 loop at head dims 64 and 128: without them it ran 5-19% faster (H200;
-    # flash4/dispatch.py, the ninth sweep).
+    # perf/h200-findings.md, the ninth sweep).
     fp8_p_by_rounding: bool = False
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
@@ -139,7 +139,7 @@ class Sm90ForwardConfig:
     # a CTA). Causal: the pair walks its later block's keys, the earlier block masking the
     # extra ones whole (persistent causal grids pair whole clusters' blocks). The
     # 16-bit unmasked rows take it at head dim 256 from 4k queries (+3-4%) and 128 from 16k
-    # (+1-2%), the causal ones from 8k (+1-3%; flash4/dispatch.py).
+    # (+1-2%), the causal ones from 8k (+1-3%; perf/h200-findings.md).
     kv_multicast: bool = False
     # With kv_multicast, the CTAs of a cluster take the same query block of two query heads
     # that share one K/V head (grouped-query attention) instead of adjacent query blocks of
@@ -173,7 +173,7 @@ class Sm90ForwardConfig:
     # thread's own max. A warp whose scores pass it (a vote, a uniform branch) rebases as
     # every block does without it. P then lies in [0, 2^8]. 16-bit only. Every row takes it
     # but head dim 64's causal ones below 1k (+1-4%, and with lazy_check_by_sums up to 10%;
-    # flash4/dispatch.py).
+    # perf/h200-findings.md).
     lazy_rescale: bool = False
     # lazy_rescale's branch chosen after the exponentials, by the block's row sums of P
     # under the kept max (sums within MAX_HEADROOM bound every P by it), instead of before
@@ -182,7 +182,7 @@ class Sm90ForwardConfig:
     # becomes 1); one where a P passed LARGEST_REBASED_P computes its scores again from
     # shared memory (K is released after the softmax) and rebases as without lazy_rescale.
     # Causal rows that have seen no key rebase before their exponentials. The rows of
-    # every head dim take it but 256 causal (+2-10%; flash4/dispatch.py).
+    # every head dim take it but 256 causal (+2-10%; perf/h200-findings.md).
     lazy_check_by_sums: bool = False
 
     @property

@@ -200,7 +200,7 @@ from flash4.interface import LOG2_E
 # the first key block's softmax over only the column slices each warp sees
 # (masked_column_slices) at head dim 64 below 4k, and its S GEMM skipped by a warpgroup
 # that sees none of it (skip_unseen_first_block) at head dim 256 below 16k
-# (flash4/dispatch.py has the numbers). Not taken: the slices at head dim 128 (512
+# (perf/h200-findings.md has the numbers). Not taken: the slices at head dim 128 (512
 # 363/363 -> 349) and with the skip at 256.
 # Lost (2026-11-30, three rounds, --control; -fwd-sweep-dynamic-short.json): dynamic_tiles
 # on head dim 64's causal row below 2k, now with the column slices: 512 259/260 -> 249, 1k
@@ -219,7 +219,7 @@ from flash4.interface import LOG2_E
 # Taken (2026-11-30, three rounds, --control; -fwd-sweep-lazy-rescale*.json; 60 GPU tests
 # against the reference, random and rising scores): unmasked blocks keeping the row max
 # while the warp's scores stay within 2^8 of it (lazy_rescale) at head dim 64 (unmasked,
-# causal from 4k) and 256, +1-4% (flash4/dispatch.py has the numbers). Not at head dim 128
+# causal from 4k) and 256, +1-4% (perf/h200-findings.md has the numbers). Not at head dim 128
 # (lost or tied) nor on head dim 64's sliced causal rows below 4k (-1-2%).
 # Lost (2026-11-30, three rounds, --control; -fwd-sweep-exp2-on-fma.json; 48 GPU tests
 # against the reference passed): head dim 64, every 16th / 8th / 4th exponential of
@@ -238,7 +238,7 @@ from flash4.interface import LOG2_E
 # -fwd-sweep-lazy-check-by-sums{,-2}.json; 90 GPU tests against the reference with random,
 # rising and spike scores): that check (lazy_check_by_sums), with the rebasing of P by its
 # largest value and the recomputed scores where P overflows, on every row but head dim
-# 256 causal, +2-10% (flash4/dispatch.py has the numbers); lazy_rescale itself then at
+# 256 causal, +2-10% (perf/h200-findings.md has the numbers); lazy_rescale itself then at
 # head dim 128 too. A first rebasing by whole octaves (P's largest value left in [1, 2))
 # put one-hot rows one bf16 step off V's row (that P rounded in 16 bits, the sum not):
 # the spike test caught it.
@@ -253,7 +253,7 @@ from flash4.interface import LOG2_E
 # 234, one tile per CTA 187. None taken.
 # The tile's first S GEMM in the ping-pong turn (first_block_turn;
 # -fwd-sweep-first-block-turn.json, 48 GPU tests of the same bits): taken at head dim 128
-# (+0-3%), tied or lost at 64 (flash4/dispatch.py has the numbers).
+# (+0-3%), tied or lost at 64 (perf/h200-findings.md has the numbers).
 CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 # Tried on the H200 (2026-11-29, seqlen 512 and 16k, 2 rounds) and taken: dQ converted by a
 # CuTe kernel (+13-21% at 512), dQ's TMA reductions from a store warp (+1-7%). Not taken:
@@ -526,13 +526,13 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # FP8: the kernel alone on inputs quantized (and V laid out) beforehand, Q in blocks of
 # tile_m rows and K of tile_n, V per tensor as flash_attn_fp8 quantizes it; beside it
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention. The rows' history and
-# what was not taken: flash4/dispatch.py; since then (-fp8-sweep-candidates3.json) a third
+# what was not taken: perf/h200-findings.md; since then (-fp8-sweep-candidates3.json) a third
 # K/V stage at head dims 64 and 128 (within 1% at 64, -5% at 128 16k) and 64-key blocks at
 # 128 (-15%).
 # Two Q slots (as the 16-bit rows; -fwd-sweep-q-slots.json, -fp8-sweep-q-slots.json, three
 # rounds at 512/1k/4k): d64 full 370/465/621 -> 375/466/621, causal 233/320/496 ->
 # 227/319/492 (not taken); d128 full 535/699/895 -> 555/704/893, causal 326/485/739 ->
-# 331/479/732. Taken at d128 full below 1k after a fourth sweep (flash4/dispatch.py).
+# 331/479/732. Taken at d128 full below 1k after a fourth sweep (perf/h200-findings.md).
 # Lost (2026-11-30, three rounds, 512 / 1k / 4k / 16k; -fp8-sweep-exp2-on-fma.json): every
 # 3rd or 4th column group of an unmasked block's S with exp2 on the FMA pipe (a cubic on
 # packed f16, the exponent added as an integer; about 11 instructions a pair for two
@@ -540,7 +540,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # 540/669/829/882 (every 3rd), causal 327/518/730/865 -> 333/527/704/812 (every 4th); d64
 # full 371/466/621/696 -> 376/462/597/644, causal 234/323/499/604 -> 239/329/468/562. +1-2%
 # at 512-1k causal, -5-8% from 4k: the cubic costs more issue slots than it frees on MUFU
-# (P's codes by rounding, which add none, then gained 5-19%; flash4/dispatch.py).
+# (P's codes by rounding, which add none, then gained 5-19%; perf/h200-findings.md).
 # Probe, not a candidate (2026-11-30, two rounds, -fp8-probe-no-row-sum.json; output wrong
 # on purpose): the FP8 softmax without its row-sum additions (48 FADDs a thread per block
 # at head dim 128, a sixth of the loop's instructions) runs d64 full 465/695 -> 487/737,
@@ -554,7 +554,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # an all-ones e4m3 tile (64x8 fp32, in P V's commit group), added one block late. Same max
 # distance to SDPA; d64 full 465/693 -> 483/718, causal 322/605 -> 331/617; d128 full
 # 698/934 -> 711/965, causal 517/863 -> 514/875. Landed as row_sum_on_tensor_cores in the
-# variant without an LSE (the sum of the rounded P is no true LSE); flash4/dispatch.py has
+# variant without an LSE (the sum of the rounded P is no true LSE); perf/h200-findings.md has
 # the sweep that picked its rows. Since then this script times the FP8 kernels without an
 # LSE, as flash_attn_fp8 runs by default. With the row sums on the tensor cores, head dim
 # 128 full on two warpgroups still lost to the row's three on 96-key blocks (two rounds,
@@ -581,7 +581,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # 1125/1115 -> 1113 (974), 1260/1260 -> 1264 (928); d64 636/635 -> 622 (501), 761/763 ->
 # 745 (555). Unmasked and below 4k not swept.
 # Taken (2026-11-30; -fp8-sweep-dynamic.json): dynamic_tiles at head dims 64 and 128 from 4k
-# (flash4/dispatch.py, the tenth sweep).
+# (perf/h200-findings.md, the tenth sweep).
 # Not pursued (2026-11-30, in the model only: flash4.reference.fp8_blockwise_attention with
 # a kept max, FlashAttention-3's outlier inputs, 2 x 2048 x 4 heads): lazy_rescale for the FP8
 # softmax. P is scaled to e4m3's top at the row max, so keeping a max needs headroom: P's
@@ -591,7 +591,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # most. The 16-bit kernel's 2^8 costs nothing, as P's 16 bits have that range to spare.
 # Taken (2026-12-01, three rounds, --control; -fp8-sweep-rebuilt-divisors.json): the divider
 # rows' scheduler divisors rebuilt in the kernel from its sizes, not carried (now what
-# fast_tile_divmod=False does; flash4/dispatch.py, the twelfth sweep).
+# fast_tile_divmod=False does; perf/h200-findings.md, the twelfth sweep).
 # Not taken (2026-12-01, three rounds, --control; -fp8-sweep-divider-elsewhere.json): the
 # divider, divisors rebuilt, on the rows that keep the fast divisors, though their key loops
 # are shorter with it (head dim 128 unmasked 418 -> 405 SASS instructions at 1k, 364 -> 354

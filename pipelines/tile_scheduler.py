@@ -151,7 +151,7 @@ class TileScheduler:
     # A static order's plain divisors (functions of its sizes) are rebuilt in the kernel
     # instead and not carried: ptxas keeps every carried value in a uniform register, and
     # two fewer leave more for the key loop (the FP8 head-dim-64 one, back then: 365 SASS
-    # instructions against 368 carrying them; 3.6% faster, flash4/dispatch.py).
+    # instructions against 368 carrying them; 3.6% faster, perf/h200-findings.md).
     def _carries_state(self) -> bool:
         return self.fast_divmod or self.dynamic
 
