@@ -32,7 +32,7 @@ SUPPORTED_HEAD_DIMS = tuple(sorted(_CONFIGS))
 # column, a share of the call that falls as the rows grow; first stores cost each CTA's
 # store warp a ticket and a wait per query block, a share that does not (H200, three
 # rounds, faster rounds: the zeros 1-3% ahead at 8k and 16k at every head dim, first
-# stores up to 8% ahead at 1k and 2k, 4k even; perf/sweep_configs.py).
+# stores up to 8% ahead at 1k and 2k, 4k even; perf/h200-findings.md).
 ZEROED_DQ_MIN_SEQLEN_K = 8192
 # GQA/MQA unmasked: a CTA per kv head walks its group's query heads, dK and dV in registers
 # (no fp32 accumulators, atomics or conversion), instead of a CTA per query head adding into

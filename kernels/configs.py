@@ -105,7 +105,7 @@ class Sm90ForwardConfig:
     # a branch (rescale_when_needed), ptxas does not move the conversions above it, so all
     # of them (and FP8's byte permutes) trail the block's exponentials instead of filling
     # the gaps of the MUFU.EX2 stream. Same bits. The FP8 head-dim-256 rows take it (+2-6%);
-    # elsewhere it tied or lost (perf/h200-findings.md, perf/sweep_configs.py).
+    # elsewhere it tied or lost (perf/h200-findings.md).
     p_before_rescale: bool = False
     # FP8, V per tensor: each block's row sums from a second wgmma, P times a tile of ones,
     # in P V's commit group, instead of FADDs on the CUDA cores, whose issue slots bind

@@ -2,7 +2,7 @@
 
 In the FP8 forward at head dims 64 and 128 the consumers' issue slots bind, not the tensor
 cores: without its row-sum additions (48 FADDs a thread per key block at head dim 128, a
-sixth of the loop) the softmax ran 4-6% faster (perf/sweep_configs.py). A block's row sums
+sixth of the loop) the softmax ran 4-6% faster (perf/h200-findings.md). A block's row sums
 are a GEMM with a column of ones: P, already in registers as the A operand of P V, times
 an all-ones e4m3 tile in shared memory, (``ROW_SUM_COLUMNS`` x tile_n) K-major. The wgmma
 joins P V's commit group, so its cost is N = 8 against P V's N = head_dim on the tensor

@@ -25,7 +25,7 @@ to the first: the longest tiles start first and the short ones fill the tail.
   units, leave a partial last round of the grid idle instead (a model of equal key
   blocks: 94-97% of the SMs' time on the protocol's causal shapes, 97-99.6% this way). A
   section's K and V stay in L2 while its tiles run: an order over all entries at once
-  (every head's last query block first) lost 2-19% on the H200 (perf/sweep_configs.py).
+  (every head's last query block first) lost 2-19% on the H200 (perf/h200-findings.md).
 
 With ``cluster_ctas`` > 1 (clusters sharing K and V by multicast), the CTAs of a cluster
 take adjacent query blocks of one head, the CTA's rank in the cluster picking its block;

@@ -469,7 +469,7 @@ def test_exp2_p_without_lse_matches_its_model(head_dim, causal, seqlen):
 @pytest.mark.parametrize("seqlen", (1000, 1100, 4113))
 def test_kv_multicast_changes_no_bit(head_dim, with_lse, seqlen):
     # Clusters of two CTAs sharing each K and V block by multicast (kv_multicast, which the
-    # 16-bit rows take and the FP8 rows do not; perf/sweep_configs.py): the same bytes in
+    # 16-bit rows take and the FP8 rows do not; perf/h200-findings.md): the same bytes in
     # the same places, so the table's bits. 1100 and 4113 queries give an odd
     # number of query blocks at some rows' tiles (a cluster's second block past seqlen_q).
     q8, k8, v8 = _variant_inputs(head_dim, False, seqlen)
