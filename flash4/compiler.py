@@ -332,12 +332,26 @@ def _quantize_dtype(name: str) -> Any:
     return {"float32": cutlass.Float32, "float8_e4m3fn": cutlass.Float8E4M3FN}.get(name) or _cutlass_dtype(name)
 
 
-def compile_quantize_fp8(dtype_name: str, head_dim: int, block_rows: int | None, *options: str) -> Any:
+def _kernel_hadamard(head_dim: int, hadamard: bool) -> Any:
+    """flash4.quantize's rotation as the kernels take it (None: no rotation)."""
+    from flash4.kernels.hadamard_rotation import HadamardSigns
+    from flash4.quantize import hadamard_scale, hadamard_signs
+
+    if not hadamard:
+        return None
+    return HadamardSigns(tuple(int(sign) for sign in hadamard_signs(head_dim).tolist()), hadamard_scale(head_dim))
+
+
+def compile_quantize_fp8(
+    dtype_name: str, head_dim: int, block_rows: int | None, hadamard: bool = False, *options: str
+) -> Any:
     """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
-    dim and descale block (None: one descale per tensor). Call it as ``fn(x, values,
-    descale, amax)`` with torch tensors: x (batch, seqlen, heads, head_dim), values e4m3 of
-    the same shape, descale float32 (batch, heads, blocks) or, per tensor, (1,), written;
-    amax per tensor ``compiled_tensor_amax``'s partial maxima, flat, else None."""
+    dim, descale block (None: one descale per tensor) and rotation (``hadamard``: the rows
+    rotated first, in the kernel). Call it as ``fn(x, values, descale, amax)`` with torch
+    tensors: x (batch, seqlen, heads, head_dim), values e4m3 of the same shape, descale
+    float32 (batch, heads, blocks) or, per tensor, (1,), written; amax per tensor
+    ``compiled_tensor_amax``'s partial maxima (of the rotated rows, if rotating), flat,
+    else None."""
     import cutlass
     import cutlass.cute as cute
 
@@ -350,7 +364,10 @@ def compile_quantize_fp8(dtype_name: str, head_dim: int, block_rows: int | None,
     per_tensor = block_rows is None
     descale = _fake_tensor(cutlass.Float32, (1,) if per_tensor else (batch, heads, blocks), LSE_ALIGN_BYTES)
     amax = _fake_tensor(cutlass.Float32, (partials,), LSE_ALIGN_BYTES) if per_tensor else None
-    kernel = QuantizeFp8Rows(head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor)
+    kernel = QuantizeFp8Rows(
+        head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor,
+        _kernel_hadamard(head_dim, hadamard),
+    )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
     return cute.compile(kernel, x, values, descale, amax, stream, options=flags)
@@ -359,9 +376,10 @@ def compile_quantize_fp8(dtype_name: str, head_dim: int, block_rows: int | None,
 compiled_quantize_fp8 = functools.lru_cache(maxsize=None)(compile_quantize_fp8)
 
 
-def compile_tensor_amax(dtype_name: str, head_dim: int, *options: str) -> Any:
+def compile_tensor_amax(dtype_name: str, head_dim: int, hadamard: bool = False, *options: str) -> Any:
     """The partial maxima of a tensor's magnitudes (kernels/quantize_fp8.py, TensorAmax), for
-    a per-tensor descale. Call it as ``fn(x, amax)``: x (batch, seqlen, heads, head_dim),
+    a per-tensor descale; with ``hadamard``, of its rows rotated. Call it as ``fn(x, amax)``:
+    x (batch, seqlen, heads, head_dim),
     amax float32 (batch, heads, ceil(seqlen / rows)) with rows =
     ``kernels.quantize_fp8.amax_block_rows``, written (flash4.quantize._partial_maxima)."""
     import cutlass
@@ -375,7 +393,8 @@ def compile_tensor_amax(dtype_name: str, head_dim: int, *options: str) -> Any:
     amax = _fake_tensor(cutlass.Float32, (batch, heads, blocks), LSE_ALIGN_BYTES)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
-    return cute.compile(TensorAmax(head_dim, dtype), x, amax, stream, options=flags)
+    return cute.compile(TensorAmax(head_dim, dtype, _kernel_hadamard(head_dim, hadamard)), x, amax, stream,
+                        options=flags)
 
 
 compiled_tensor_amax = functools.lru_cache(maxsize=None)(compile_tensor_amax)
@@ -418,17 +437,22 @@ def compile_backward_postprocess_report(
 
 def compile_quantize_report(
     dtype_name: str, head_dim: int, block_rows: int | None, transposed_v: bool = False, amax: bool = False,
-    arch: str = "sm_90a",
+    arch: str = "sm_90a", hadamard: bool = False,
 ) -> CompileReport:
     """``compile_entry`` for the FP8 quantization kernels: the rows kernel, or V's layout
-    (``transposed_v``), or the partial maxima (``amax``)."""
+    (``transposed_v``), or the partial maxima (``amax``); the first and last rotating the
+    rows first with ``hadamard``."""
     if transposed_v:
         return _compile_with_report(
             lambda *flags: compile_quantize_fp8_transposed_v(dtype_name, head_dim, *flags), arch, False
         )
     if amax:
-        return _compile_with_report(lambda *flags: compile_tensor_amax(dtype_name, head_dim, *flags), arch, False)
-    return _compile_with_report(lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, *flags), arch, False)
+        return _compile_with_report(
+            lambda *flags: compile_tensor_amax(dtype_name, head_dim, hadamard, *flags), arch, False
+        )
+    return _compile_with_report(
+        lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, hadamard, *flags), arch, False
+    )
 
 
 def compile_entry(

@@ -15,8 +15,9 @@ an outlier in one coordinate is spread over all d of them, and a block's scale i
 set by its one largest entry. V is not rotated (that would rotate the output). The
 transform runs as log2(d) butterfly stages, O(d log d) per row, never a dense matmul.
 
-On CUDA, kernels/quantize_fp8.py does it in one kernel per tensor (plus torch's largest
-magnitude for a per-tensor descale); on CPU, torch. The FP8 kernel consumes what it returns.
+On CUDA, kernels/quantize_fp8.py does it in one kernel per tensor, the rotation in its
+registers (plus a pass for the largest magnitude, per tensor); on CPU, torch. The FP8
+kernel consumes what it returns.
 """
 
 from __future__ import annotations
@@ -70,15 +71,22 @@ def hadamard_signs(head_dim: int, device: torch.device | str = "cpu") -> Tensor:
     return signs.to(device=device, dtype=torch.float32)
 
 
+def hadamard_scale(head_dim: int) -> float:
+    """1 / sqrt(head_dim): the rotation's last step multiplies by it (as a float32), which
+    makes it orthogonal."""
+    return 1.0 / math.sqrt(head_dim)
+
+
 def hadamard_rotate(x: Tensor, signs: Tensor | None = None) -> Tensor:
-    """x · diag(signs) · H / sqrt(d) over the last dim (a power of two), in float32.
+    """x · diag(signs) · H · (1 / sqrt(d)) over the last dim (a power of two), in float32:
+    the signs, then the butterfly stages (the pairs 1 apart first), then one multiply by
+    ``hadamard_scale(d)``: the definition the GPU kernels reproduce bit for bit.
 
     Orthogonal (and H symmetric), so rotating two tensors with the same signs keeps every
     dot product between their rows; ``hadamard_unrotate`` undoes it.
     """
     d = x.shape[-1]
-    if d & (d - 1):
-        raise ValueError(f"head_dim={d}: the Hadamard rotation needs a power of two")
+    _check_rotatable(d)
     if signs is None:
         signs = hadamard_signs(d, x.device)
     y = x.float() * signs
@@ -89,7 +97,12 @@ def hadamard_rotate(x: Tensor, signs: Tensor | None = None) -> Tensor:
         a, b = pairs[..., 0, :], pairs[..., 1, :]
         y = torch.stack((a + b, a - b), dim=-2).reshape(y.shape)
         half *= 2
-    return y / math.sqrt(d)
+    return y * hadamard_scale(d)
+
+
+def _check_rotatable(head_dim: int) -> None:
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim={head_dim}: the Hadamard rotation needs a power of two")
 
 
 def hadamard_unrotate(y: Tensor, signs: Tensor | None = None) -> Tensor:
@@ -110,9 +123,11 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
         raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    x = hadamard_rotate(x) if hadamard else x
-    if _gpu_kernel_takes(x):
+    if hadamard:
+        _check_rotatable(x.shape[-1])
+    if _gpu_kernel_takes(x, hadamard):
         return _quantize_on_gpu(x, block, hadamard)
+    x = hadamard_rotate(x) if hadamard else x
     # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
     # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
     # descales' reciprocals in float32 and rounds to e4m3 as it stores: no float32 copy, no
@@ -215,15 +230,19 @@ def fp8_value_layout(values: Tensor) -> Tensor:
     return out.view(FP8_DTYPE)
 
 
-def _gpu_kernel_takes(x: Tensor) -> bool:
+def _gpu_kernel_takes(x: Tensor, hadamard: bool = False) -> bool:
     """Whether the GPU kernels (kernels/quantize_fp8.py) take ``x``: a non-empty CUDA
-    tensor of a dtype they read, rows of whole 16-byte vectors. Others (CPU tensors, odd
-    head dims) take the torch path, to the same definition."""
+    tensor of a dtype they read, rows of whole 16-byte vectors, and, to rotate them, rows
+    that fit in one warp's registers. Others (CPU tensors, odd head dims) take the torch
+    path, to the same definition."""
     from flash4.compiler import QUANTIZE_INPUT_DTYPES
+    from flash4.kernels.hadamard_rotation import PIECE_ELEMENTS
+    from flash4.pipelines.warp_roles import THREADS_PER_WARP
 
     return (
         x.is_cuda and _dtype_name(x) in QUANTIZE_INPUT_DTYPES
         and x.shape[-1] * x.element_size() % KERNEL_VECTOR_BYTES == 0 and x.numel() > 0
+        and (not hadamard or x.shape[-1] <= PIECE_ELEMENTS * THREADS_PER_WARP)
     )
 
 
@@ -243,7 +262,7 @@ def _dtype_name(x: Tensor) -> str:
 
 
 def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
-    """``quantize_fp8`` of an (already rotated) CUDA tensor by kernels/quantize_fp8.py."""
+    """``quantize_fp8`` of a CUDA tensor by kernels/quantize_fp8.py, which rotates it too."""
     from flash4.compiler import compiled_quantize_fp8
     from flash4.devices import on_device
 
@@ -254,10 +273,12 @@ def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     with on_device(x.device):
         if block is None:
             descale = torch.empty((), dtype=torch.float32, device=x.device)
-            compiled_quantize_fp8(dtype, head_dim, None)(x, values, descale.reshape(1), _partial_maxima(x))
+            compiled_quantize_fp8(dtype, head_dim, None, hadamard)(
+                x, values, descale.reshape(1), _partial_maxima(x, hadamard)
+            )
         else:
             descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
-            compiled_quantize_fp8(dtype, head_dim, block)(x, values, descale, None)
+            compiled_quantize_fp8(dtype, head_dim, block, hadamard)(x, values, descale, None)
     return Fp8Tensor(values, descale, block, hadamard)
 
 
@@ -280,16 +301,17 @@ def _value_layout_on_gpu(v: Tensor) -> tuple[Tensor, Tensor | None]:
     return out.view(FP8_DTYPE), descale
 
 
-def _partial_maxima(x: Tensor) -> Tensor:
-    """The largest magnitudes of blocks of ``x`` (a kernel input, on its device), flat: their
-    largest is the tensor's (kernels/quantize_fp8.py, TensorAmax)."""
+def _partial_maxima(x: Tensor, hadamard: bool = False) -> Tensor:
+    """The largest magnitudes of blocks of ``x`` (a kernel input, on its device; its rows
+    rotated, with ``hadamard``), flat: their largest is the tensor's (kernels/quantize_fp8.py,
+    TensorAmax)."""
     from flash4.compiler import compiled_tensor_amax
     from flash4.kernels.quantize_fp8 import amax_block_rows
 
     batch, seqlen, heads, head_dim = x.shape
     rows = amax_block_rows(head_dim, x.element_size())
     amax = torch.empty(batch, heads, -(-seqlen // rows), dtype=torch.float32, device=x.device)
-    compiled_tensor_amax(_dtype_name(x), head_dim)(x, amax)
+    compiled_tensor_amax(_dtype_name(x), head_dim, hadamard)(x, amax)
     return amax.view(-1)
 
 

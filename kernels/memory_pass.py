@@ -30,7 +30,9 @@ def row_vector(dtype_bits: int, head_dim: int) -> int:
     return vector
 
 
-def load_batches(turns: int) -> Iterator[range]:
-    """The turns ``0 .. turns - 1`` in consecutive batches of at most LOADS_IN_FLIGHT."""
-    for first in range(0, turns, LOADS_IN_FLIGHT):
-        yield range(first, min(first + LOADS_IN_FLIGHT, turns))
+def load_batches(turns: int, loads_per_turn: int = 1) -> Iterator[range]:
+    """The turns ``0 .. turns - 1`` in consecutive batches of at most LOADS_IN_FLIGHT loads
+    (at least one turn)."""
+    per_batch = max(1, LOADS_IN_FLIGHT // loads_per_turn)
+    for first in range(0, turns, per_batch):
+        yield range(first, min(first + per_batch, turns))

@@ -38,6 +38,7 @@ from cutlass import Float32, Int32
 
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .e4m3_codes import SMALLEST_DESCALE
+from .hadamard_rotation import HadamardSigns, RowRotation
 from .inline_ptx import permute_bytes, ptx_on_f32
 from .memory_pass import LOAD_BYTES, LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
@@ -50,9 +51,10 @@ from .wgmma import rows_first
 # busy for 128 loads in turn, and 16k tokens left too few loads in flight per SM.
 ROW_WARPS = 4
 ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
-# A blockwise CTA keeps at most this many 16-byte vectors a thread in registers between
-# its block's largest magnitude and its stores (64 registers, a quarter of a thread's 255).
-RESIDENT_VECTORS = 16
+# A blockwise CTA keeps at most this many bytes a thread in registers between its block's
+# largest magnitude and its stores (64 registers, a quarter of a thread's 255): 16 loaded
+# 16-byte vectors, or 64 rotated float32 values.
+RESIDENT_BYTES = 256
 # Threads a blockwise CTA may take to hold its block: at up to 90 registers each (ptxas,
 # sm_90a), 512 take 70% of an SM's 64K. A larger block (float32 at head dim 256, 192 rows) is read twice,
 # the second time from L2.
@@ -156,46 +158,91 @@ def tensor_descale(mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[i
 
 class RowBlock:
     """The geometry that QuantizeFp8Rows and TensorAmax share: a CTA's block of ``rows``
-    rows of one head, dealt out to ``threads`` threads as 16-byte vectors in turns
-    (consecutive threads read consecutive 16 bytes of a row)."""
+    rows of one head, dealt out to ``threads`` threads in turns. In a turn a thread takes
+    one *piece* of a row: a 16-byte vector (consecutive threads read consecutive 16 bytes
+    of a row), or, when the rows are rotated first, a RowRotation's piece (``loads``
+    vectors, the row spread over a few consecutive lanes), given back rotated in float32."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], rows: int, threads: int):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], rows: int, threads: int,
+                 hadamard: Optional[HadamardSigns] = None):
         self.dtype = dtype
         self.rows = rows
         self.threads = threads
         self.warps = threads // THREADS_PER_WARP
         self.vector = row_vector(dtype.width, head_dim)
-        self.vectors_per_row = head_dim // self.vector
-        self.turns = -(-rows * self.vectors_per_row // threads)
+        self.rotation = None if hadamard is None else RowRotation(head_dim, self.vector, hadamard)
+        self.loads = 1 if self.rotation is None else self.rotation.loads
+        self.lanes_per_row = head_dim // self.vector // self.loads
+        self.turns = -(-rows * self.lanes_per_row // threads)
+        # Bytes of registers a thread holds per load once the piece is ready to store: the
+        # vector as loaded, or its values rotated in float32.
+        self.held_bytes_per_load = LOAD_BYTES if self.rotation is None else self.vector * 4
 
     @cute.jit
     def place(self, turn: Int32, tidx: Int32, first_row: Int32) -> tuple:
-        """(row, column) of a thread's vector in ``turn``; column counts vectors."""
+        """(row, lane) of a thread's piece in ``turn``: lane is the piece's place among its
+        row's (the first of its columns, counted in vectors). A thread keeps its lane from
+        turn to turn (threads is a multiple of the lanes per row)."""
         index = turn * self.threads + tidx
-        return first_row + index // self.vectors_per_row, index % self.vectors_per_row
+        return first_row + index // self.lanes_per_row, index % self.lanes_per_row
+
+    def new_piece(self) -> list:
+        """Registers for one piece as loaded: ``loads`` vectors of the input dtype."""
+        return [cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype) for _ in range(self.loads)]
 
     @cute.jit
-    def load_into(self, x: cute.Tensor, mX: cute.Tensor, row: Int32, end_row: Int32, column: Int32, head: Int32,
+    def load_into(self, piece: list, mX: cute.Tensor, row: Int32, end_row: Int32, lane: Int32, head: Int32,
                   batch: Int32):
-        """x = the vector at (row, column), or, past the block's last row, at its last row. A
-        load inside a branch would wait for the loads before it; a repeated row changes no
-        largest magnitude, and its stores are skipped."""
+        """piece = the vectors at (row, its columns), or, past the block's last row, at its
+        last row. A load inside a branch would wait for the loads before it; a repeated row
+        changes no largest magnitude, and its stores are skipped."""
         if row >= end_row:
             row = end_row - 1
-        cute.autovec_copy(cute.local_tile(mX[row, None, head, batch], (self.vector,), (column,)), x)
+        for j, x in enumerate(piece):
+            cute.autovec_copy(
+                cute.local_tile(mX[row, None, head, batch], (self.vector,), (lane + self.lanes_per_row * j,)), x
+            )
+
+    @cute.jit
+    def ready(self, piece: list, lane: Int32, negatives: Int32) -> list:
+        """The piece as its values are quantized: as loaded, or rotated in float32 (every
+        lane of the warp takes part)."""
+        if cutlass.const_expr(self.rotation is None):
+            return piece
+        rotated = [cute.make_rmem_tensor(cute.make_layout(self.vector), Float32) for _ in piece]
+        for x, y in zip(piece, rotated):
+            y.store(x.load().to(Float32))
+        self.rotation.rotate(rotated, lane, negatives)
+        return rotated
+
+    @cute.jit
+    def negatives(self, tidx: Int32) -> Int32:
+        """The rotation's minus signs of this thread's pieces (0 without a rotation)."""
+        if cutlass.const_expr(self.rotation is None):
+            return Int32(0)
+        return self.rotation.negatives(tidx % self.lanes_per_row)
 
     @cute.jit
     def amax_by_loop(self, mX: cute.Tensor, first_row: Int32, end_row: Int32, head: Int32, batch: Int32,
                      tidx: Int32) -> Float32:
-        """This thread's largest magnitude over its vectors of the block, LOADS_IN_FLIGHT
-        loads at a time, keeping none."""
+        """This thread's largest magnitude over its pieces of the block, a batch of turns'
+        loads in flight at a time, keeping none."""
+        negatives = self.negatives(tidx)
         amax = Float32(0.0)
-        for turn in cutlass.range(self.turns, unroll=LOADS_IN_FLIGHT):
-            row, column = self.place(turn, tidx, first_row)
-            x = cute.make_rmem_tensor(cute.make_layout(self.vector), self.dtype)
-            self.load_into(x, mX, row, end_row, column, head, batch)
-            amax = cute.arch.fmax(amax, magnitude(x))
+        for turn in cutlass.range(self.turns, unroll=max(1, LOADS_IN_FLIGHT // self.loads)):
+            row, lane = self.place(turn, tidx, first_row)
+            piece = self.new_piece()
+            self.load_into(piece, mX, row, end_row, lane, head, batch)
+            amax = fold_magnitude(amax, self.ready(piece, lane, negatives))
         return amax
+
+
+@cute.jit
+def fold_magnitude(amax: Float32, piece: list) -> Float32:
+    """The larger of ``amax`` and the largest magnitude of a piece's vectors."""
+    for x in piece:
+        amax = cute.arch.fmax(amax, magnitude(x))
+    return amax
 
 
 @cute.jit
@@ -210,16 +257,19 @@ def _block_end(first_row: Int32, rows: cutlass.Constexpr[int], seqlen: Int32) ->
 class QuantizeFp8Rows:
     """e4m3 values of a (batch, seqlen, heads, head_dim) tensor with one descale per
     ``block_rows`` rows of a head (written by the kernel), or one per tensor (from
-    TensorAmax's partial maxima; written by the first CTA)."""
+    TensorAmax's partial maxima; written by the first CTA); with ``hadamard``, of its rows
+    rotated first (flash4.quantize.hadamard_rotate, in registers: RowRotation)."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool):
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool,
+                 hadamard: Optional[HadamardSigns] = None):
         self.per_tensor = per_tensor
-        vectors = block_rows * (head_dim // row_vector(dtype.width, head_dim))
+        geometry = RowBlock(head_dim, dtype, block_rows, ROW_THREADS, hadamard)
+        held_bytes = block_rows * head_dim // geometry.vector * geometry.held_bytes_per_load
         # Blockwise: warps enough to hold the block in registers, if they fit on an SM.
-        warps = ROW_WARPS * -(-vectors // (ROW_THREADS * RESIDENT_VECTORS))
+        warps = ROW_WARPS * -(-held_bytes // (ROW_THREADS * RESIDENT_BYTES))
         self.resident = not per_tensor and warps * THREADS_PER_WARP <= MAX_RESIDENT_THREADS
         threads = warps * THREADS_PER_WARP if self.resident else ROW_THREADS
-        self.block = RowBlock(head_dim, dtype, block_rows, threads)
+        self.block = RowBlock(head_dim, dtype, block_rows, threads, hadamard)
 
     @cute.jit
     def __call__(
@@ -244,35 +294,41 @@ class QuantizeFp8Rows:
         m_block, head, batch = cute.arch.block_idx()
         first_row = m_block * self.block.rows
         end_row = _block_end(first_row, self.block.rows, mX.shape[0])
-        xs = [cute.make_rmem_tensor(cute.make_layout(self.block.vector), self.block.dtype)
-              for _ in range(self.block.turns if self.resident else 0)]
+        negatives = self.block.negatives(tidx)
+        pieces = [self.block.new_piece() for _ in range(self.block.turns if self.resident else 0)]
         descale = Float32(1.0)
         if cutlass.const_expr(self.per_tensor):
             descale = tensor_descale(mAmax, tidx, self.block.threads)
         else:
             amax = Float32(0.0)
             if cutlass.const_expr(self.resident):
-                for turn, x in enumerate(xs):
-                    row, column = self.block.place(turn, tidx, first_row)
-                    self.block.load_into(x, mX, row, end_row, column, head, batch)
-                for x in xs:
-                    amax = cute.arch.fmax(amax, magnitude(x))
+                for turn, piece in enumerate(pieces):
+                    row, lane = self.block.place(turn, tidx, first_row)
+                    self.block.load_into(piece, mX, row, end_row, lane, head, batch)
+                # Held as they are stored: rotated in float32 if rotating (rotating twice,
+                # for the magnitude and for the stores, would double the shuffles).
+                pieces = [self.block.ready(piece, self.block.place(turn, tidx, first_row)[1], negatives)
+                          for turn, piece in enumerate(pieces)]
+                for piece in pieces:
+                    amax = fold_magnitude(amax, piece)
             else:
                 amax = self.block.amax_by_loop(mX, first_row, end_row, head, batch, tidx)
             scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.block.warps))
             descale = descale_of(cta_max(amax, tidx, self.block.warps, scratch))
         inverse_descale = reciprocal(descale)
         if cutlass.const_expr(self.resident):
-            for turn, x in enumerate(xs):
-                self._store(x, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
+            for turn, piece in enumerate(pieces):
+                self._store(piece, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
         else:
-            for turns in load_batches(self.block.turns):
-                batch_xs = [cute.make_rmem_tensor(cute.make_layout(self.block.vector), self.block.dtype) for _ in turns]
-                for x, turn in zip(batch_xs, turns):
-                    row, column = self.block.place(turn, tidx, first_row)
-                    self.block.load_into(x, mX, row, end_row, column, head, batch)
-                for x, turn in zip(batch_xs, turns):
-                    self._store(x, mValues, inverse_descale, turn, tidx, first_row, end_row, head, batch)
+            for turns in load_batches(self.block.turns, self.block.loads):
+                batch_pieces = [self.block.new_piece() for _ in turns]
+                for piece, turn in zip(batch_pieces, turns):
+                    row, lane = self.block.place(turn, tidx, first_row)
+                    self.block.load_into(piece, mX, row, end_row, lane, head, batch)
+                for piece, turn in zip(batch_pieces, turns):
+                    lane = self.block.place(turn, tidx, first_row)[1]
+                    self._store(self.block.ready(piece, lane, negatives), mValues, inverse_descale, turn, tidx,
+                                first_row, end_row, head, batch)
         # After the values: a store ahead of them would hold their loads behind it.
         if cutlass.const_expr(self.per_tensor):
             if (m_block == 0) & (head == 0) & (batch == 0) & (tidx == 0):
@@ -281,13 +337,17 @@ class QuantizeFp8Rows:
             mDescale[batch, head, m_block] = descale
 
     @cute.jit
-    def _store(self, x: cute.Tensor, mValues: cute.Tensor, inverse_descale: Float32, turn: Int32, tidx: Int32,
+    def _store(self, piece: list, mValues: cute.Tensor, inverse_descale: Float32, turn: Int32, tidx: Int32,
                first_row: Int32, end_row: Int32, head: Int32, batch: Int32):
-        """x's vector rounded to e4m3 into its place in ``mValues``, if its row exists."""
-        row, column = self.block.place(turn, tidx, first_row)
+        """The piece's vectors rounded to e4m3 into their places in ``mValues``, if their
+        row exists."""
+        row, lane = self.block.place(turn, tidx, first_row)
         if row < end_row:
-            values = to_e4m3(x.load().to(Float32), inverse_descale, self.block.vector)
-            cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,), (column,)))
+            for j, x in enumerate(piece):
+                values = to_e4m3(x.load().to(Float32), inverse_descale, self.block.vector)
+                column = lane + self.block.lanes_per_row * j
+                cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,),
+                                                          (column,)))
 
 
 def amax_block_rows(head_dim: int, element_bytes: int) -> int:
@@ -297,11 +357,11 @@ def amax_block_rows(head_dim: int, element_bytes: int) -> int:
 
 class TensorAmax:
     """The largest magnitude of each AMAX_BLOCK_BYTES of rows of a (batch, seqlen, heads,
-    head_dim) tensor: (batch, heads, blocks) float32 partial maxima, whose largest is the
-    tensor's."""
+    head_dim) tensor (with ``hadamard``, of its rows rotated): (batch, heads, blocks)
+    float32 partial maxima, whose largest is the tensor's."""
 
-    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric]):
-        self.block = RowBlock(head_dim, dtype, amax_block_rows(head_dim, dtype.width // 8), AMAX_THREADS)
+    def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], hadamard: Optional[HadamardSigns] = None):
+        self.block = RowBlock(head_dim, dtype, amax_block_rows(head_dim, dtype.width // 8), AMAX_THREADS, hadamard)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mAmax: cute.Tensor, stream: cuda.CUstream):

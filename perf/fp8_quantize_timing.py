@@ -2,9 +2,10 @@
 
     python perf/fp8_quantize_timing.py [--hdim 64 128 256] [--seqlen 1024 16384] [--causal] [--quantize-only]
 
-Stages: Q and K quantized blockwise (kernels/quantize_fp8.py), V quantized per tensor into
-the kernel's layout (its partial maxima, then the layout kernel), the FP8 attention on those
-inputs, and the whole call; beside them the bandwidth each quantization stage reaches (bytes
+Stages: Q and K quantized blockwise (kernels/quantize_fp8.py), Q also rotated first (the
+Hadamard rotation in the same kernel), V quantized per tensor into the kernel's layout (its
+partial maxima, then the layout kernel), the FP8 attention on those inputs, and the whole
+call, without and with the rotation; beside them the bandwidth each quantization stage reaches (bytes
 read once and written once over its time; V's stage reads V twice) and what a bf16 flash4
 forward takes. A stage far below a copy's rate is where the call loses its time.
 """
@@ -40,9 +41,11 @@ def main() -> None:
             stages = {
                 "quantize Q": (lambda: quantize_fp8(q, blocks.q), q.numel() * 3),
                 "quantize K": (lambda: quantize_fp8(k, blocks.kv), k.numel() * 3),
+                "quantize Q rotated": (lambda: quantize_fp8(q, blocks.q, True), q.numel() * 3),
                 "quantize V into layout": (lambda: quantize_fp8_transposed_v(v), v.numel() * 5),
                 "FP8 attention": (lambda: flash_attn_fp8_quantized(q8, k8, vt, causal=args.causal), None),
                 "flash_attn_fp8 (all)": (lambda: flash_attn_fp8(q, k, v, causal=args.causal), None),
+                "flash_attn_fp8 hadamard": (lambda: flash_attn_fp8(q, k, v, causal=args.causal, hadamard=True), None),
                 "bf16 forward": (lambda: flash_attn_func(q, k, v, causal=args.causal), None),
             }
             if args.quantize_only:

@@ -364,6 +364,41 @@ def test_quantize_kernel_reads_16_byte_vectors_and_multiplies_by_the_reciprocal(
         assert loads > kernel.block.turns
 
 
+@pytest.mark.parametrize(
+    "dtype,head_dim,block",
+    [("bfloat16", 64, 192), ("bfloat16", 128, 128), ("float16", 256, 128), ("float32", 128, 96), ("bfloat16", 128, None),
+     ("float32", 256, 192)],
+)
+def test_quantize_kernel_rotates_in_registers(dtype, head_dim, block):
+    # With hadamard=True the rows kernel rotates each row where it loaded it
+    # (kernels/hadamard_rotation.py): per value one add per stage within a lane, one shuffle
+    # and one fma per stage across lanes, the scale's multiply and the reciprocal's; no
+    # float32 copy of the tensor in memory (the stores are the e4m3 values and the
+    # descale). Nothing spilled. A block that fits in registers is held rotated and loaded
+    # once; a larger one (float32 at head dim 256, 192 rows) is read, and rotated, twice.
+    from flash4.compiler import _kernel_hadamard, _quantize_dtype, compile_quantize_report
+    from flash4.kernels.quantize_fp8 import QuantizeFp8Rows
+
+    report = compile_quantize_report(dtype, head_dim, block, hadamard=True)
+    kernel = QuantizeFp8Rows(head_dim, _quantize_dtype(dtype), block or 128, block is None, _kernel_hadamard(head_dim, True))
+    rotation = kernel.block.rotation
+    across = sum(1 for across_lanes, _ in rotation.stages if across_lanes)
+    values = kernel.block.turns * rotation.piece  # rotated by each thread in its storing pass
+    loads = kernel.block.turns * rotation.loads
+    assert report.spill_bytes == 0
+    assert report.ptx.count("st.global.") == loads + 1
+    assert kernel.resident == (block is not None and (dtype, block) != ("float32", 192))
+    if block is not None and not kernel.resident:
+        assert report.ptx.count("ld.global.v4.b32") > loads
+        return
+    assert report.ptx.count("ld.global.v4.b32") == loads
+    # The CTA's largest magnitude takes five more shuffles (a warp's reduction).
+    assert report.ptx.count("shfl.sync.bfly") == across * values + 5
+    assert report.ptx.count("fma.rn.f32") == across * values
+    assert report.ptx.count("add.f32") + report.ptx.count("sub.f32") == (len(rotation.stages) - across) * values
+    assert report.ptx.count("mul.f32") == 2 * values
+
+
 @pytest.mark.parametrize("dtype", ("bfloat16", "float32", "float8_e4m3fn"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_transposed_v_kernel_transposes_through_shared_memory(dtype, head_dim):
@@ -385,15 +420,17 @@ def test_transposed_v_kernel_transposes_through_shared_memory(dtype, head_dim):
     assert ("cvt.rn.satfinite.e4m3x2.f32" in report.ptx) == (dtype != "float8_e4m3fn")
 
 
-def test_tensor_amax_reads_only():
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+def test_tensor_amax_reads_only(hadamard):
     # The per-tensor descales' partial maxima: 16-byte loads, LOADS_IN_FLIGHT of them
-    # unrolled, one store per CTA.
+    # unrolled, one store per CTA; rotating, the loop's turns rotate what they loaded.
     from flash4.compiler import compile_quantize_report
     from flash4.kernels.memory_pass import LOADS_IN_FLIGHT
 
-    report = compile_quantize_report("bfloat16", 128, None, amax=True)
+    report = compile_quantize_report("bfloat16", 128, None, amax=True, hadamard=hadamard)
     assert report.spill_bytes == 0
     assert report.ptx.count("ld.global.v4.b32") == LOADS_IN_FLIGHT and report.ptx.count("st.global") == 1
+    assert ("fma.rn.f32" in report.ptx) == hadamard
 
 
 @pytest.mark.parametrize("dtype", ("bfloat16", "float16"))

@@ -217,14 +217,15 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
 @pytest.mark.parametrize("block", (None, 128, 192), ids=("tensor", "b128", "b192"))
 @pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=("bf16", "fp16", "fp32"))
 def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
-    # The GPU kernels (kernels/quantize_fp8.py; float32 input after the rotation) on a
+    # The GPU kernels (kernels/quantize_fp8.py, rotating in registers with hadamard) on a
     # strided input (every other head-dim-sized slice of its rows) of a ragged length (a
     # partial last block, a partial key group): each descale is its block's largest
     # magnitude over 448 (to an ulp: torch divides by a scalar through its reciprocal), each
-    # value the rotated input times its descale's reciprocal in float32, rounded to e4m3,
-    # exactly; V's layout is the CPU's, byte for byte.
+    # value the rotated input (torch's rotation, bit for bit) times its descale's
+    # reciprocal in float32, rounded to e4m3, exactly; V's layout is the CPU's, byte for
+    # byte. float32 at head dim 256 in blocks of 192 rows is read twice (not held).
     from flash4.quantize import FP8_DTYPE, hadamard_rotate
 
     x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]

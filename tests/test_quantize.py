@@ -97,6 +97,38 @@ def test_hadamard_rotation_matches_the_dense_matrix():
     assert torch.allclose(hadamard_rotate(x, signs), (x * signs) @ h / math.sqrt(d), atol=1e-6)
 
 
+@pytest.mark.parametrize("head_dim,vector", [(16, 8), (32, 8), (64, 8), (128, 8), (256, 8), (512, 8), (128, 4)])
+def test_the_kernels_rotation_plan_gives_the_torch_rotation_bit_for_bit(head_dim, vector):
+    # kernels/hadamard_rotation.py's plan played in torch: each lane's piece (its columns,
+    # its word of minus signs), the stages in the plan's order (in a lane a + b and a - b,
+    # across lanes the partner's value plus or minus the lane's own), the float32 scale
+    # last. Its bits must be hadamard_rotate's, or the GPU kernels' cannot be.
+    from flash4.compiler import _kernel_hadamard
+    from flash4.kernels.hadamard_rotation import RowRotation
+
+    rotation = RowRotation(head_dim, vector, _kernel_hadamard(head_dim, True))
+    x = _with_outliers(200, head_dim) * 3
+    columns = [[rotation.index(lane, p) for p in range(rotation.piece)] for lane in range(rotation.lanes)]
+    assert sorted(sum(columns, [])) == list(range(head_dim))
+    pieces = [x[:, lane_columns].clone() for lane_columns in columns]
+    for lane, piece in enumerate(pieces):
+        word = rotation.negative_words[lane] & 0xFFFFFFFF
+        piece[:, [p for p in range(rotation.piece) if word >> p & 1]] *= -1
+    for across_lanes, step in rotation.stages:
+        if across_lanes:
+            pieces = [pieces[lane ^ step] - own if lane & step else pieces[lane ^ step] + own
+                      for lane, own in enumerate(pieces)]
+            continue
+        for piece in pieces:
+            low = [p for p in range(rotation.piece) if not p & step]
+            a, b = piece[:, low], piece[:, [p + step for p in low]]
+            piece[:, low], piece[:, [p + step for p in low]] = a + b, a - b
+    got = torch.empty_like(x)
+    for lane_columns, piece in zip(columns, pieces):
+        got[:, lane_columns] = piece * torch.tensor(rotation.scale, dtype=torch.float32)
+    assert torch.equal(got, hadamard_rotate(x))
+
+
 def test_hadamard_spreads_an_outlier():
     # One large entry per row: its block's scale is set by it, the rest quantize coarsely.
     # Rotated, the row's energy is spread over all coordinates.
