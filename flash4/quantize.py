@@ -126,7 +126,7 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     if hadamard:
         _check_rotatable(x.shape[-1])
     if _gpu_kernel_takes(x, hadamard):
-        return _quantize_on_gpu(x, block, hadamard)
+        return quantize_on_gpu(x, block, hadamard)
     x = hadamard_rotate(x) if hadamard else x
     # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
     # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
@@ -261,8 +261,9 @@ def _dtype_name(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
-    """``quantize_fp8`` of a CUDA tensor by kernels/quantize_fp8.py, which rotates it too."""
+def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
+    """``quantize_fp8`` of a CUDA tensor the kernels take (``_gpu_kernel_takes``), without
+    its argument checks, by kernels/quantize_fp8.py, which rotates it too."""
     from flash4.compiler import compiled_quantize_fp8
     from flash4.devices import on_device
 

@@ -339,12 +339,13 @@ def test_flash_attn_fp8_refuses_a_gpu_without_fp8_kernels_before_quantizing(monk
 
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     problem = flash4.checks.describe_attention(x, x, x, None, False)
-    monkeypatch.setattr(flash4.checks, "check_attention_args", lambda *args: problem)
+    monkeypatch.setattr(fp8, "check_attention_args", lambda *args: problem)
     monkeypatch.setattr(fp8, "device_arch", lambda index: "sm_100a")
 
     def quantize(*args, **kwargs):
         raise AssertionError("quantized before the architecture was checked")
 
-    monkeypatch.setattr(fp8, "quantize_fp8", quantize)
+    for name in ("quantize_on_gpu", "quantize_fp8_transposed_v"):
+        monkeypatch.setattr(fp8, name, quantize)
     with pytest.raises(dispatch.UnsupportedProblemError, match="sm_100a"):
         fp8.flash_attn_fp8(x, x, x)

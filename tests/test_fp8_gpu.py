@@ -194,6 +194,35 @@ def test_flash_attn_fp8_quantizes_and_runs():
         flash4.flash_attn_fp8(q, k, v)
 
 
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+@pytest.mark.parametrize("return_lse", (False, True), ids=("out", "lse"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads,kv_heads", [(1000, 1000, 4, 4), (17, 1000, 8, 2), (1000, 17, 4, 1)])
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_flash_attn_fp8_is_the_quantized_call_on_its_quantization(
+    head_dim, seqlen_q, seqlen_k, heads, kv_heads, causal, return_lse, hadamard
+):
+    # flash_attn_fp8 skips quantize_fp8's and check_fp8_args's checks (its inputs passed
+    # check_attention_args): the same bits out as the documented steps, quantize_fp8 of Q
+    # and K per tile of the selected row, V per tensor into the kernel's layout, then
+    # flash_attn_fp8_quantized. Fresh inputs, a poisoned allocator before each.
+    from flash4.quantize import quantize_fp8_transposed_v
+
+    q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, seqlen_k, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    blocks = fp8_blocks(head_dim, causal, seqlen_q)
+    poison_allocator()
+    want = flash4.flash_attn_fp8_quantized(
+        flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard),
+        quantize_fp8_transposed_v(v), causal=causal, return_lse=return_lse,
+    )
+    poison_allocator()
+    got = flash4.flash_attn_fp8(q, k, v, causal=causal, hadamard=hadamard, return_lse=return_lse)
+    want, got = (want, got) if return_lse else ((want,), (got,))
+    assert not want[0].isnan().any()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
     # e4m3 inputs with descales through flash_attn_func, and V laid out beforehand
