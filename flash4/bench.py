@@ -337,6 +337,13 @@ def _flash4_fp8_quantizing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     return (lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 
+def _flash4_fp8_hadamard(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    """flash_attn_fp8 with the Hadamard rotation (its accurate mode), quantization included."""
+    from flash4.fp8 import flash_attn_fp8
+
+    return (lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, causal=causal, hadamard=True)), (lambda out: out)
+
+
 def is_peer(name: str) -> bool:
     """Whether a provider is a peer; flash4's own variants (flash4-bf16, ...) are not."""
     return not name.startswith(FLASH4)
@@ -454,6 +461,7 @@ FP8_PROVIDERS: dict[str, Callable[..., Prepared]] = {
     FLASH4: _flash4_fp8,
     "flash4-v-per-call": _flash4_fp8_v_per_call,
     "flash4-quantizing": _flash4_fp8_quantizing,
+    "flash4-hadamard": _flash4_fp8_hadamard,
     "flash4-bf16": _flash4,
     **_checkout_peers("FP8_PROVIDERS"),
 }

@@ -8,7 +8,8 @@ Shape: batch 1, seqlen 128, 16 heads, head dim 64, bf16. ``--breakdown`` times e
 of ``flash_attn_func`` on its own instead. ``--fp8``: the same for the FP8 calls, on the
 bench's FP8 inputs (Q and K blockwise, V per tensor and laid out beforehand), beside
 cuDNN's FP8 graph where it imports; with ``--breakdown``, each step of
-``flash_attn_fp8_quantized`` and of ``flash_attn_fp8``; with ``--short-shapes``, the call against its kernel alone
+``flash_attn_fp8_quantized`` and of ``flash_attn_fp8`` (with and without the rotation);
+with ``--short-shapes``, the call against its kernel alone
 on the FP8 bench's shapes at seqlen 512 and 1k.
 """
 
@@ -102,7 +103,7 @@ def fp8_overhead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int, 
     from flash4.compiler import compiled_forward
     from flash4.dispatch import select_fp8
     from flash4.fp8 import OUT_DTYPE, check_fp8_args, flash_attn_fp8
-    from flash4.quantize import quantize_fp8, quantize_fp8_transposed_v
+    from flash4.quantize import quantize_fp8_transposed_v, quantize_on_gpu
 
     scale = HEAD_DIM**-0.5
     fp8 = fp8_calls(q, k, v, False)
@@ -117,11 +118,13 @@ def fp8_overhead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int, 
                 q8.values, dtype=OUT_DTYPE, memory_format=torch.contiguous_format
             ),
             "kernel call (same out)": fp8.kernel_only,
-            # flash_attn_fp8's steps: its checks, two quantizations, V's layout, the call.
+            # flash_attn_fp8's steps: its check, two quantizations, V's layout, the launch.
             "flash_attn_fp8 (quantizing)": lambda: flash_attn_fp8(q, k, v, softmax_scale=scale),
+            "flash_attn_fp8 hadamard": lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, hadamard=True),
             "check_attention_args": lambda: check_attention_args(q, k, v, scale, False),
-            "quantize_fp8(q, blocks.q)": lambda: quantize_fp8(q, entry.config.tile_m),
-            "quantize_fp8(k, blocks.kv)": lambda: quantize_fp8(k, entry.config.tile_n),
+            "quantize_on_gpu(q, tile_m)": lambda: quantize_on_gpu(q, entry.config.tile_m, False),
+            "quantize_on_gpu(q, tile_m, rotated)": lambda: quantize_on_gpu(q, entry.config.tile_m, True),
+            "quantize_on_gpu(k, tile_n)": lambda: quantize_on_gpu(k, entry.config.tile_n, False),
             "quantize_fp8_transposed_v(v)": lambda: quantize_fp8_transposed_v(v),
         }.items():
             print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)
