@@ -56,8 +56,9 @@ ROW_THREADS = ROW_WARPS * THREADS_PER_WARP
 # 16-byte vectors, or 64 rotated float32 values.
 RESIDENT_BYTES = 256
 # Threads a blockwise CTA may take to hold its block: at up to 90 registers each (ptxas,
-# sm_90a), 512 take 70% of an SM's 64K. A larger block (float32 at head dim 256, 192 rows) is read twice,
-# the second time from L2.
+# sm_90a), 512 take 70% of an SM's 64K; rotating at head dim 256 they take 128 each, all of
+# it (one CTA an SM). A larger block (float32 at head dim 256, 192 rows) is read twice, the
+# second time from L2.
 MAX_RESIDENT_THREADS = 512
 # Bytes of input per TensorAmax CTA, 32 vectors a thread of its 256: a 16k-token tensor of
 # hidden size 2048 in bf16 gives 512 partial maxima, which each CTA of the pass that uses
