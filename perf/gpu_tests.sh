@@ -16,9 +16,10 @@ start=$SECONDS
 
 # name, limit in seconds, pytest arguments
 segments=(
-  "fwd|460|tests/test_fwd_gpu.py -k not candidate and not multicast and not head_cluster and not lazy_rescale"
+  "fwd|450|tests/test_fwd_gpu.py -k not candidate and not multicast and not head_cluster and not lazy_rescale and not other_ and not no_bit"
+  "fwdvariants|300|tests/test_fwd_gpu.py -k (other_ or no_bit) and not candidate and not multicast and not head_cluster and not lazy_rescale"
   "fwdlazy|200|tests/test_fwd_gpu.py -k lazy_rescale and not candidate"
-  "fwdclusters|240|tests/test_fwd_gpu.py -k (multicast or head_cluster) and not candidate"
+  "fwdclusters|330|tests/test_fwd_gpu.py -k (multicast or head_cluster) and not candidate"
   "bwd|200|tests/test_bwd_gpu.py -k matches_reference and not 256 and not candidate"
   "bwd256|120|tests/test_bwd_gpu.py -k matches_reference and 256 and not candidate"
   "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
