@@ -236,14 +236,21 @@ def _gpu_kernel_takes(x: Tensor, hadamard: bool = False) -> bool:
     that fit in one warp's registers. Others (CPU tensors, odd head dims) take the torch
     path, to the same definition."""
     from flash4.compiler import QUANTIZE_INPUT_DTYPES
-    from flash4.kernels.hadamard_rotation import PIECE_ELEMENTS
-    from flash4.pipelines.warp_roles import THREADS_PER_WARP
 
     return (
         x.is_cuda and _dtype_name(x) in QUANTIZE_INPUT_DTYPES
         and x.shape[-1] * x.element_size() % KERNEL_VECTOR_BYTES == 0 and x.numel() > 0
-        and (not hadamard or x.shape[-1] <= PIECE_ELEMENTS * THREADS_PER_WARP)
+        and (not hadamard or _rotation_fits_a_warp(x.shape[-1]))
     )
+
+
+def _rotation_fits_a_warp(head_dim: int) -> bool:
+    """Whether the kernels' rotation takes rows of ``head_dim`` values: one warp's lanes,
+    PIECE_ELEMENTS values each, hold a row."""
+    from flash4.kernels.hadamard_rotation import PIECE_ELEMENTS
+    from flash4.pipelines.warp_roles import THREADS_PER_WARP
+
+    return head_dim <= PIECE_ELEMENTS * THREADS_PER_WARP
 
 
 def _kernel_input(x: Tensor) -> Tensor:
