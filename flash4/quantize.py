@@ -126,7 +126,10 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     if hadamard:
         _check_rotatable(x.shape[-1])
     if _gpu_kernel_takes(x, hadamard):
-        return quantize_on_gpu(x, block, hadamard)
+        from flash4.devices import on_device
+
+        with on_device(x.device):
+            return quantize_on_gpu(x, block, hadamard)
     x = hadamard_rotate(x) if hadamard else x
     # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
     # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
@@ -270,23 +273,23 @@ def _dtype_name(x: Tensor) -> str:
 
 def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     """``quantize_fp8`` of a CUDA tensor the kernels take (``_gpu_kernel_takes``), without
-    its argument checks, by kernels/quantize_fp8.py, which rotates it too."""
+    its argument checks, by kernels/quantize_fp8.py, which rotates it too. Launches on the
+    current device: the caller makes it x's (``on_device``), once for all its launches."""
     from flash4.compiler import compiled_quantize_fp8
-    from flash4.devices import on_device
 
     x = _kernel_input(x)
     batch, seqlen, heads, head_dim = x.shape
-    values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    # empty_like: the cheapest allocation torch offers (see flash4.interface).
+    values = torch.empty_like(x, dtype=FP8_DTYPE, memory_format=torch.contiguous_format)
     dtype = _dtype_name(x)
-    with on_device(x.device):
-        if block is None:
-            descale = torch.empty((), dtype=torch.float32, device=x.device)
-            compiled_quantize_fp8(dtype, head_dim, None, hadamard)(
-                x, values, descale.reshape(1), _partial_maxima(x, hadamard)
-            )
-        else:
-            descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
-            compiled_quantize_fp8(dtype, head_dim, block, hadamard)(x, values, descale, None)
+    if block is None:
+        descale = torch.empty((), dtype=torch.float32, device=x.device)
+        compiled_quantize_fp8(dtype, head_dim, None, hadamard)(
+            x, values, descale.reshape(1), _partial_maxima(x, hadamard)
+        )
+    else:
+        descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
+        compiled_quantize_fp8(dtype, head_dim, block, hadamard)(x, values, descale, None)
     return Fp8Tensor(values, descale, block, hadamard)
 
 
