@@ -121,6 +121,11 @@ def magnitude(x: cute.Tensor) -> Float32:
     conversion before the stores, and a resident block would hold both across its barrier."""
     values = x.load()
     zero = x.element_type(0.0)
+    if cutlass.const_expr(x.element_type is Float32):
+        # Already float32 (rotated pieces, float32 input): one max a value, |x| folded into
+        # it, where a max and a min took two (and at head dim 128 the registers for a
+        # second CTA on an SM).
+        return values.__abs__().reduce(cute.ReductionOp.MAX, zero, 0)
     return cute.arch.fmax(
         Float32(values.reduce(cute.ReductionOp.MAX, zero, 0)), -Float32(values.reduce(cute.ReductionOp.MIN, zero, 0))
     )
@@ -264,13 +269,10 @@ class QuantizeFp8Rows:
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool,
                  hadamard: Optional[HadamardSigns] = None):
         self.per_tensor = per_tensor
-        geometry = RowBlock(head_dim, dtype, block_rows, ROW_THREADS, hadamard)
-        held_bytes = block_rows * head_dim // geometry.vector * geometry.held_bytes_per_load
-        # Blockwise: warps enough to hold the block in registers, if they fit on an SM.
-        warps = ROW_WARPS * -(-held_bytes // (ROW_THREADS * RESIDENT_BYTES))
-        self.resident = not per_tensor and warps * THREADS_PER_WARP <= MAX_RESIDENT_THREADS
-        threads = warps * THREADS_PER_WARP if self.resident else ROW_THREADS
-        self.block = RowBlock(head_dim, dtype, block_rows, threads, hadamard)
+        # Blockwise: threads enough to hold the block in registers, if they fit on an SM.
+        threads = None if per_tensor else resident_threads(RowBlock(head_dim, dtype, block_rows, ROW_THREADS, hadamard))
+        self.resident = threads is not None
+        self.block = RowBlock(head_dim, dtype, block_rows, threads or ROW_THREADS, hadamard)
 
     @cute.jit
     def __call__(
@@ -349,6 +351,20 @@ class QuantizeFp8Rows:
                 column = lane + self.block.lanes_per_row * j
                 cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,),
                                                           (column,)))
+
+
+def resident_threads(geometry: RowBlock) -> Optional[int]:
+    """The threads of a CTA that holds ``geometry``'s block in registers: the fewest, in
+    steps of ROW_WARPS warps up to MAX_RESIDENT_THREADS, that hold at most RESIDENT_BYTES
+    each; of those that deal every thread as many pieces, if any does (a thread short of a
+    piece still loads and rotates a repeated row: at head dim 64, 192 rows on 256 threads
+    made a third of the rotating work such repeats). None if no count holds the block."""
+    pieces = geometry.rows * geometry.lanes_per_row
+    piece_bytes = geometry.loads * geometry.held_bytes_per_load
+    counts = range(ROW_THREADS, MAX_RESIDENT_THREADS + 1, ROW_THREADS)
+    holding = [threads for threads in counts if -(-pieces // threads) * piece_bytes <= RESIDENT_BYTES]
+    even = [threads for threads in holding if pieces % threads == 0]
+    return (even or holding or [None])[0]
 
 
 def amax_block_rows(head_dim: int, element_bytes: int) -> int:

@@ -100,15 +100,20 @@ def fp8_overhead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int, 
     """Host cost of the FP8 calls (or, ``steps``, of each step of
     ``flash_attn_fp8_quantized``), beside cuDNN's FP8 graph where it imports."""
     from flash4 import bench
-    from flash4.compiler import compiled_forward
+    from flash4.compiler import compiled_forward, compiled_quantize_fp8_transposed_v
     from flash4.dispatch import select_fp8
     from flash4.fp8 import OUT_DTYPE, check_fp8_args, flash_attn_fp8
-    from flash4.quantize import quantize_fp8_transposed_v, quantize_on_gpu
+    from flash4.quantize import _partial_maxima, quantize_fp8_transposed_v, quantize_on_gpu
 
     scale = HEAD_DIM**-0.5
     fp8 = fp8_calls(q, k, v, False)
     if steps:
         (q8, k8, v8), entry = fp8.inputs, fp8.entry
+        v_layout_kernel = compiled_quantize_fp8_transposed_v("bfloat16", HEAD_DIM)
+        layout_shape = tuple(v8.values.shape)
+        v_out = torch.empty(layout_shape, dtype=torch.uint8, device=v.device)
+        v_amax = _partial_maxima(v)
+        v_descale = torch.empty(1, dtype=torch.float32, device=v.device)
         for name, fn in {
             "flash_attn_fp8_quantized": fp8.call,
             "check_fp8_args": lambda: check_fp8_args(q8, k8, v8, scale, False),
@@ -126,6 +131,14 @@ def fp8_overhead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int, 
             "quantize_on_gpu(q, tile_m, rotated)": lambda: quantize_on_gpu(q, entry.config.tile_m, True),
             "quantize_on_gpu(k, tile_n)": lambda: quantize_on_gpu(k, entry.config.tile_n, False),
             "quantize_fp8_transposed_v(v)": lambda: quantize_fp8_transposed_v(v),
+            # Its steps: the partial maxima's kernel (with its allocation), the layout's
+            # allocations, and the layout kernel's call alone.
+            "_partial_maxima(v)": lambda: _partial_maxima(v),
+            "torch.empty for V's layout": lambda: torch.empty(
+                layout_shape, dtype=torch.uint8, device=v.device
+            ),
+            "torch.empty(()) for a descale": lambda: torch.empty((), dtype=torch.float32, device=v.device),
+            "V layout kernel call (same out)": lambda: v_layout_kernel(v, v_out, v_amax, v_descale),
         }.items():
             print(f"{name:32s} {per_call_us(fn, calls):7.2f} us", flush=True)
         return

@@ -392,6 +392,11 @@ def test_quantize_kernel_rotates_in_registers(dtype, head_dim, block):
         assert report.ptx.count("ld.global.v4.b32") > loads
         return
     assert report.ptx.count("ld.global.v4.b32") == loads
+    # A resident CTA deals every thread as many pieces of the block (none rotates a repeated
+    # row); each rotated value's magnitude is one max of its |x| (no min beside it).
+    if kernel.resident:
+        assert kernel.block.turns * kernel.block.threads == block * kernel.block.lanes_per_row
+        assert report.ptx.count("abs.f32") == values and "min.f32" not in report.ptx
     # The CTA's largest magnitude takes five more shuffles (a warp's reduction).
     assert report.ptx.count("shfl.sync.bfly") == across * values + 5
     assert report.ptx.count("fma.rn.f32") == across * values
