@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from flash4 import dispatch
+from flash4.report import FLASH4, is_peer
 
 # The sweep of the FlashAttention-3/4 papers: every shape holds the same number of tokens
 # (batch * seqlen) and the same model width (heads * head_dim), so moving along seqlen changes
@@ -59,7 +60,6 @@ COMPILE_ONLY_ARCH = "sm_90a"
 # The instructions the Hopper design depends on; a kernel whose PTX lacks one is flagged.
 REQUIRED_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier")
 
-FLASH4 = "flash4"
 PEERS = ("sdpa-cudnn", "sdpa-flash", "fa4", "cudnn-fp8")
 # The backward's FLOPs are 2.5x the forward's (five GEMMs of the forward's size against two,
 # the papers' convention: S is recomputed, and dV, dP, dK, dQ each cost a forward GEMM).
@@ -344,11 +344,6 @@ def _flash4_fp8_hadamard(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
     return (lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, causal=causal, hadamard=True)), (lambda out: out)
 
 
-def is_peer(name: str) -> bool:
-    """Whether a provider is a peer; flash4's own variants (flash4-bf16, ...) are not."""
-    return not name.startswith(FLASH4)
-
-
 def dout_like(out: torch.Tensor) -> torch.Tensor:
     """The upstream gradient every backward provider of a shape gets: the same draw."""
     generator = torch.Generator(device=out.device).manual_seed(DOUT_SEED)
@@ -521,6 +516,13 @@ def measure_shape(
     keeps its median: the GPU's clock follows its power and temperature, which drift over
     seconds, so back-to-back timings of one kernel differed by up to 10% on the H200, and
     timing one provider after another would hand that drift to the ratio.
+
+    Before the first round the last provider is timed once more, untimed for the record, so
+    that every provider's every round follows the same one under load. Without it the
+    first provider's first round came right after the shape's setup, with the GPU cooler
+    and its clock higher: flash4 (timed first) ran its second round 1-2% slower than its
+    first in the median shape of four H200 runs on 2026-12-02, up to 19% in one shape,
+    while cuDNN's two rounds matched within 0.1%.
     """
     if providers is None:
         providers = PASS_PROVIDERS[shape.pass_]
@@ -549,6 +551,9 @@ def measure_shape(
     times: dict[str, list[float]] = {name: [] for name in runs}
     spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     started: dict[str, list[float]] = {name: [] for name in runs}
+    runnable = [run for name, run in runs.items() if name not in errors]
+    if runnable:
+        timer.milliseconds(runnable[-1])
     first_round = time.perf_counter()
     for _ in range(rounds):
         for name, run in runs.items():

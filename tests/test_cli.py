@@ -124,7 +124,8 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
         return run, lambda out: to_bshd(out) + 0.01
 
     providers = {"flash4": shifted, "sdpa-cudnn": _sdpa_math, "sdpa-flash": _sdpa_math, "fa4": _failing}
-    calls = iter(times.values())
+    # The first time: the heat-up of the last provider that runs (sdpa-flash), not recorded.
+    calls = iter([99.0, *times.values()])
     timer = bench.Timer("fake", lambda fn: next(calls))
     shape = bench.Shape(batch=2, seqlen=64, heads=2, head_dim=32, causal=True)
     record = bench.measure_shape(shape, timer, providers=providers, device="cpu")
@@ -142,7 +143,8 @@ def test_measure_shape_records_ratio_diff_and_errors() -> None:
 def test_measure_shape_interleaves_rounds_and_keeps_each_median() -> None:
     """Three rounds: the providers take turns, and each keeps the median of its times."""
     order: list[str] = []
-    times = {"flash4": iter([5.0, 1.0, 2.0]), "sdpa-cudnn": iter([4.0, 9.0, 3.0])}
+    # sdpa-cudnn's first time is the heat-up before the rounds, not recorded.
+    times = {"flash4": iter([5.0, 1.0, 2.0]), "sdpa-cudnn": iter([99.0, 4.0, 9.0, 3.0])}
 
     def named(name: str):
         def prepare(*args: object) -> bench.Prepared:
@@ -164,7 +166,9 @@ def test_measure_shape_interleaves_rounds_and_keeps_each_median() -> None:
     shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False)
     record = bench.measure_shape(shape, bench.Timer("fake", timer_ms), providers=providers, device="cpu", rounds=3)
 
-    assert order == ["flash4", "sdpa-cudnn"] * 3
+    # The last provider first, untimed for the record: flash4's first round follows it under
+    # load, as its later rounds do.
+    assert order == ["sdpa-cudnn"] + ["flash4", "sdpa-cudnn"] * 3
     assert record.results["flash4"].ms == 2.0 and record.results["flash4"].ms_rounds == (5.0, 1.0, 2.0)
     # Each round's start, in turn order: flash4's round r before sdpa-cudnn's round r.
     starts = [record.results[name].rounds_started_s for name in ("flash4", "sdpa-cudnn")]
@@ -321,8 +325,9 @@ def test_a_wrong_provider_is_reported_and_not_timed() -> None:
     assert record.results["flash4"].error.startswith("wrong output: max|diff|")
     assert "not timed" in record.results["fa4"].error
     assert record.results["sdpa-cudnn"].tflops is not None
-    # Each ran once for the check; only the reference was timed afterwards.
-    assert timed.count("flash4") == timed.count("fa4") == 1 and timed.count("sdpa-cudnn") == 2
+    # Each ran once for the check; only the reference was timed afterwards (twice: the
+    # heat-up before the rounds, as the last provider that runs, then its round).
+    assert timed.count("flash4") == timed.count("fa4") == 1 and timed.count("sdpa-cudnn") == 3
     assert record.ratio_vs_best_peer is None
 
 
@@ -401,7 +406,7 @@ def test_fp8_pass_shapes_count_forward_flops_and_measure_against_peers_only() ->
 
         return prepare
 
-    times = iter([2.0, 4.0, 1.0, 3.0])
+    times = iter([9.0, 2.0, 4.0, 1.0, 3.0])  # the first: cudnn-fp8's heat-up, not recorded
     providers = {"flash4": rounded(0.06), "flash4-quantizing": rounded(0.06), "flash4-bf16": _sdpa_math,
                  "cudnn-fp8": rounded(0.08), "flash4-v-per-call": scaled(0.8)}
     shape = bench.Shape(batch=1, seqlen=32, heads=2, head_dim=32, causal=False, pass_="fp8")

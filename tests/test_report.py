@@ -39,6 +39,26 @@ def test_report_summarises_the_ratio_range_and_tables_every_shape():
     assert "## Backward" not in text
 
 
+def test_report_gives_the_fastest_rounds_ratios_and_names_uneven_rounds():
+    payload = report.load(RUN_B)
+    records = payload["records"]
+    fastest = [report.fastest_round_ratio(r) for r in records]
+    assert f"By each provider's fastest round: flash4 / best peer {min(fastest):.2f}–{max(fastest):.2f}, " \
+           f"ahead on {sum(r >= 1 for r in fastest)}" in report.report_markdown(payload)
+    # flash4's rounds 20% apart: named with its best peer's rounds, and its fastest round counts.
+    record = records[0]
+    record["results"]["flash4"]["ms_rounds"] = [0.2, 0.24, 0.22]
+    peer_fastest = min(min(m["ms_rounds"]) for name, m in record["results"].items() if name != "flash4")
+    assert report.fastest_round_ratio(record) == pytest.approx(peer_fastest / 0.2)
+    label = report._label(report.key(record))
+    peer = record["best_peer"]
+    peer_rounds = " / ".join(f"{ms:.3f}" for ms in record["results"][peer]["ms_rounds"])
+    assert f"{label}: flash4 0.200 / 0.240 / 0.220; {peer} {peer_rounds}" in report.report_markdown(payload)
+    # A run of one round has neither line.
+    text = report.report_markdown(report.load(RUN_A))
+    assert "fastest round" not in text and "apart" not in text
+
+
 def test_compare_gives_flash4_speedups_shape_by_shape():
     a, b = report.load(RUN_A), report.load(RUN_B)
     text = report.compare_markdown(a, b, "old", "new")
