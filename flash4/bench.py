@@ -517,10 +517,10 @@ def measure_shape(
     seconds, so back-to-back timings of one kernel differed by up to 10% on the H200, and
     timing one provider after another would hand that drift to the ratio.
 
-    Before the first round the last provider is timed once more, untimed for the record, so
-    that every provider's every round follows the same one under load. Without it the
-    first provider's first round came right after the shape's setup, with the GPU cooler
-    and its clock higher: flash4 (timed first) ran its second round 1-2% slower than its
+    Before the first round the last provider runs through the timer once, its time
+    discarded, so that every provider's every round follows the same one under load.
+    Without it the first provider's first round came right after the shape's setup, the
+    GPU idle before it: flash4 (timed first) ran its second round 1-2% slower than its
     first in the median shape of four H200 runs on 2026-12-02, up to 19% in one shape,
     while cuDNN's two rounds matched within 0.1%.
     """

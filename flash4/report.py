@@ -16,9 +16,9 @@ FLASH4 = "flash4"
 # How many shapes the summary names at each end of the ratio range.
 SUMMARY_SHAPES = 3
 # A provider's rounds of one shape further apart than this are named in the report: at its
-# 700 W limit the H200 ran single rounds 5-15% slow, whichever provider stood there then,
-# and with two rounds the median is their mean (2026-12-02's FP8 run: flash4 1.086 and
-# 1.229 ms at head dim 128 unmasked 8k, cuDNN 1.212 and 1.212).
+# 700 W limit the H200 ran flash4's two rounds of a shape up to 19% apart, and with two
+# rounds the median is their mean (2026-12-02's FP8 run: flash4 1.086 and 1.229 ms at head
+# dim 128 unmasked 8k, cuDNN 1.212 and 1.212).
 UNEVEN_ROUNDS = 0.05
 
 Key = tuple[str, int, bool, int]  # (pass, head dim, causal, seqlen)
