@@ -243,7 +243,9 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
     assert torch.equal(out_t, want) and torch.equal(lse_t, want_lse)
 
 
-@pytest.mark.parametrize("block", (None, 128, 192), ids=("tensor", "b128", "b192"))
+# Every descale block the FP8 selector's rows use: their query tiles (128, 192) and key
+# tiles (96 at head dim 128 unmasked from 4k, 128), and one per tensor.
+@pytest.mark.parametrize("block", (None, 96, 128, 192), ids=("tensor", "b96", "b128", "b192"))
 @pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=("bf16", "fp16", "fp32"))
