@@ -133,6 +133,14 @@ class Sm90ForwardConfig:
     # bound the FP8 loop at head dims 64 and 128: without them it ran 5-19% faster (H200;
     # perf/h200-findings.md, the ninth sweep).
     fp8_p_by_rounding: bool = False
+    # With fp8_p_by_rounding: the S GEMM accumulates in f16, not fp32 (the FP8 wgmma has
+    # both at the same rate), and the softmax runs on pairs: one max.f16x2 per two scores
+    # for the row max, one fma.rn.f16x2 that leaves each pair's codes (an f16 steps by 1
+    # on [1024, 2048)), one max.f16x2 clamp, where fp32 scores take two FMNMX, two FFMA
+    # and a conversion (kernels/f16_scores.py). A raw score must stay inside f16's range:
+    # only for Q and K codes with head_dim * |q code| * |k code| <= F16_SCORE_BOUND, as
+    # flash4.quantize_fp8(..., max_code=...) writes them; any other input overflows.
+    scores_in_f16: bool = False
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
     # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
@@ -226,6 +234,8 @@ class Sm90ForwardConfig:
                 "fp8_p_by_rounding=True: only with fp8, fp8_v_per_tensor and row_sum_on_tensor_cores "
                 "(one P scale, which the row sums of the same P cancel)"
             )
+        if self.scores_in_f16 and not self.fp8_p_by_rounding:
+            raise ValueError("scores_in_f16=True: only with fp8_p_by_rounding=True (the f16 scores' codes are P)")
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
         if self.kv_stages < 1:

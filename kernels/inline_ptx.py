@@ -30,6 +30,22 @@ def ptx_on_f32(
     return result(value)
 
 
+def ptx(asm: str, inputs: tuple, result: Type[Union[Int32, Float32]], pinned: bool = False, loc=None, ip=None):
+    """``asm`` with ``inputs`` (32-bit integer registers for Int32 values, fp32 ones for the
+    rest) as $1, $2, ... writing ``result``'s register $0; ``pinned`` as in ``ptx_on_f32``."""
+    words = [isinstance(x, Int32) for x in inputs]
+    value = llvm.inline_asm(
+        T.i32() if result is Int32 else T.f32(),
+        [(Int32(x) if word else Float32(x)).ir_value(loc=loc, ip=ip) for x, word in zip(inputs, words)],
+        asm,
+        ",".join([_RESULT_CONSTRAINT[result]] + ["r" if word else "f" for word in words]),
+        has_side_effects=pinned,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return result(value)
+
+
 @dsl_user_op
 def permute_bytes(low: Int32, high: Int32, selector: int, *, loc=None, ip=None) -> Int32:
     """``prmt.b32``: byte i of the result is byte ``selector``'s nibble i of the eight bytes

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float16, Float32, Int32
 
+from .f16_scores import mask_words
 from .mma_layouts import acc_rows_cols
 
 
@@ -40,11 +41,22 @@ def mask_scores(
     # Columns from this limit on are out of range, in thread 0's coordinates.
     col_limit = seqlen_k - col0 - c[0, 0][1]
     row_offset = row0 + c[0, 0][0]
-    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+
+    def limit_of(r: int):
         limit = col_limit
         if cutlass.const_expr(causal):
             row = row_offset + c0[r, 0][0]
             limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q - col0 - c[0, 0][1])
+        return limit
+
+    if cutlass.const_expr(acc_s.element_type == Float16):
+        if cutlass.const_expr(cols is not None):
+            raise ValueError("cols: the f16 scores' mask covers whole rows")
+        limits = [limit_of(r) for r in range(cute.size(s, mode=[0]))]
+        mask_words(acc_s, lambda r, j: c0[r, j][1] >= limits[r])
+        return
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        limit = limit_of(r)
         for j in cutlass.range_constexpr(cute.size(s, mode=[1]) if cutlass.const_expr(cols is None) else cols):
             # A select, not a branch: a conditional store into the register fragment
             # compiles to selects over the whole fragment.

@@ -13,9 +13,11 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float16, Float32, Int32
 
 from .e4m3_codes import CODES_PER_OCTAVE, code_base
+from .f16_scores import codes_in_place, round_down_to_f16, row_words, score_words, splat_f16x2
+from .f16_scores import row_max as f16_row_max
 from .mma_layouts import acc_rows_cols, leading_columns
 
 # The four threads of a quad hold the columns of one accumulator row.
@@ -226,6 +228,13 @@ class OnlineSoftmax:
         return inv_sum
 
 
+# The f16 code scale (8 codes per octave times the block's scale, rounded to f16) errs by
+# at most 2^-11 of itself, so the row max's code by 2^-11 of its score in codes; the
+# offset leaves twice that below the top code, and CODE_MARGIN more for f16's subnormal
+# scales, so that no code rounds past the top one (127 is NaN).
+CODE_SCALE_ERROR = 2.0**-10
+CODE_MARGIN = 2.0**-6
+
 # e4m3's largest finite value: FP8 probabilities are scaled onto [0, E4M3_MAX].
 E4M3_MAX = 448.0
 
@@ -293,6 +302,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
         self.k_descales = k_descales
         self.v_descales = v_descales
         self.v_ref = cute.make_rmem_tensor(1, Float32)
+        # Scores in f16 (kernels/f16_scores.py): each row's offset of its codes, an f16 value.
+        self.code_offset = cute.make_rmem_tensor(rows, Float32)
         # One V descale for all blocks (any of them): P's scale is E4M3_MAX itself, and V's
         # descale multiplies O once, in finalize.
         self.v_per_tensor = v_per_tensor
@@ -311,6 +322,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
     ) -> cute.Tensor:
         """``OnlineSoftmax.update`` for a key block whose descales ``block`` holds; the
         returned factors include v_ref's growth."""
+        if cutlass.const_expr(acc_s.element_type == Float16):
+            return self.update_f16_scores(acc_s, block, is_first, masked)
         s = acc_rows_cols(acc_s)
         k_descale, v_descale = block
         scale = self.scale_log2 * k_descale
@@ -354,6 +367,32 @@ class BlockScaledSoftmax(OnlineSoftmax):
                     row_scale[r] = factor * (v_old / v_new)
                 if cutlass.const_expr(not self.sums_on_tensor_cores):
                     self.row_sum[r] = self.row_sum[r] * factor + partial
+        return row_scale
+
+    @cute.jit
+    def update_f16_scores(
+        self, acc_s: cute.Tensor, block: tuple, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool]
+    ) -> cute.Tensor:
+        """``update`` for P's codes from f16 scores (kernels/f16_scores.py): V per tensor, row
+        sums on the tensor cores. Each row's factor is that of its codes' offset."""
+        k_descale, _ = block
+        scale = self.scale_log2 * k_descale
+        words = score_words(acc_s)
+        code_scale = splat_f16x2(scale * CODES_PER_OCTAVE)
+        top = code_base(math.log2(E4M3_MAX))
+        row_scale = cute.make_rmem_tensor(self.rows, Float32)
+        for r, indices in enumerate(row_words(acc_s)):
+            _, m_safe = self.raise_max(r, f16_row_max(words, indices) * scale, is_first, masked)
+            top_score = m_safe * CODES_PER_OCTAVE
+            offset = round_down_to_f16(top - top_score - cute.arch.fmax(top_score, -top_score) * CODE_SCALE_ERROR - CODE_MARGIN)
+            codes_in_place(words, indices, code_scale, splat_f16x2(offset))
+            if cutlass.const_expr(is_first):
+                row_scale[r] = 1.0
+                # The tensor cores' sums of this block's P join it with the next block.
+                self.row_sum[r] = 0.0
+            else:
+                row_scale[r] = cute.math.exp2((offset - self.code_offset[r]) * (1.0 / CODES_PER_OCTAVE), fastmath=True)
+            self.code_offset[r] = offset
         return row_scale
 
     @cute.jit

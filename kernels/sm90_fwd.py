@@ -47,7 +47,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -65,6 +65,7 @@ from ..pipelines.tma_pipeline import (
 )
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
+from .f16_scores import NEG_INF_X2, score_words
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import LARGEST_REBASED_P, THREADS_PER_ROW, OnlineSoftmax
@@ -214,7 +215,7 @@ class Sm90ForwardKernel:
         major_k = cute.nvgpu.OperandMajorMode.K
         q_source = warpgroup.OperandSource.RMEM if self.config.q_in_registers else warpgroup.OperandSource.SMEM
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, major_k, Float32,
+            self.dtype, self.dtype, major_k, major_k, self.score_dtype,
             (self.consumer_warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
             a_source=q_source,
         )
@@ -270,6 +271,11 @@ class Sm90ForwardKernel:
             min_blocks_per_mp=1,
             **cluster,
         )
+
+    @property
+    def score_dtype(self) -> Type[cutlass.Numeric]:
+        """The S GEMM's accumulator type: f16 for the FP8 rows that take scores_in_f16."""
+        return Float16 if self.config.scores_in_f16 else Float32
 
     def pv_mma(self, warpgroups: int) -> cute.TiledMma:
         """O = P V on ``warpgroups`` consumer warpgroups along M: V is the B operand
@@ -740,11 +746,14 @@ class Sm90ForwardKernel:
         first_turn = self.pingpong and self.config.first_block_turn
         if cutlass.const_expr(first_turn):
             pingpong.wait_turn()
-        acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
+        acc_s = cute.make_rmem_tensor(ops.s_shape, self.score_dtype)
         if cutlass.const_expr(self.config.skip_unseen_first_block):
             # A warpgroup that skips the GEMM keeps -inf, what the mask would have made of
             # every one of its scores.
-            acc_s.fill(-Float32.inf)
+            if cutlass.const_expr(self.config.scores_in_f16):
+                score_words(acc_s).fill(NEG_INF_X2)
+            else:
+                acc_s.fill(-Float32.inf)
             if self.warpgroup_sees_block(ops, tile, n_block):
                 warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
                 warpgroup.wait_group(0)
@@ -813,7 +822,7 @@ class Sm90ForwardKernel:
         rings.k.consumer_wait(state)
         if cutlass.const_expr(self.pingpong):
             pingpong.wait_turn()
-        acc_s = cute.make_rmem_tensor(ops.s_shape, Float32)
+        acc_s = cute.make_rmem_tensor(ops.s_shape, self.score_dtype)
         warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
         rings.v.consumer_wait(v_state)
         self.pv_gemm(ops, v_state.index)

@@ -24,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .configs import Sm90ForwardConfig
+from .f16_scores import pack_codes
 from .mma_layouts import acc_as_fp8_a_operand
 from .online_softmax import BlockScaledSoftmax, DescaleCursor
 from .packed_convert import convert_packed
@@ -111,4 +112,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
         """P (already scaled onto e4m3's range, or its codes) into the FP8 A operand, four
         per register."""
-        convert_packed(acc_as_fp8_a_operand(acc_s), p, self.p_by_rounding)
+        if cutlass.const_expr(self.config.scores_in_f16):
+            pack_codes(acc_s, p)
+        else:
+            convert_packed(acc_as_fp8_a_operand(acc_s), p, self.p_by_rounding)
