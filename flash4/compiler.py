@@ -343,11 +343,12 @@ def _kernel_hadamard(head_dim: int, hadamard: bool) -> Any:
 
 
 def compile_quantize_fp8(
-    dtype_name: str, head_dim: int, block_rows: int | None, hadamard: bool = False, *options: str
+    dtype_name: str, head_dim: int, block_rows: int | None, hadamard: bool = False, *options: str,
+    fp8_max: float | None = None,
 ) -> Any:
     """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
-    dim, descale block (None: one descale per tensor) and rotation (``hadamard``: the rows
-    rotated first, in the kernel). Call it as ``fn(x, values, descale, amax)`` with torch
+    dim, descale block (None: one descale per tensor), rotation (``hadamard``: the rows
+    rotated first, in the kernel) and largest value (``fp8_max``; None: e4m3's). Call it as ``fn(x, values, descale, amax)`` with torch
     tensors: x (batch, seqlen, heads, head_dim), values e4m3 of the same shape, descale
     float32 (batch, heads, blocks) or, per tensor, (1,), written; amax per tensor
     ``compiled_tensor_amax``'s partial maxima (of the rotated rows, if rotating), flat,
@@ -366,7 +367,7 @@ def compile_quantize_fp8(
     amax = _fake_tensor(cutlass.Float32, (partials,), LSE_ALIGN_BYTES) if per_tensor else None
     kernel = QuantizeFp8Rows(
         head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor,
-        _kernel_hadamard(head_dim, hadamard),
+        _kernel_hadamard(head_dim, hadamard), **({} if fp8_max is None else dict(fp8_max=fp8_max)),
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))

@@ -260,14 +260,29 @@ def select(
 
 
 def select_fp8(
-    arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool, group: int = 1
+    arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool, group: int = 1,
+    f16_scores: bool = False,
 ) -> KernelEntry:
     """The FP8 row for this problem (``group``: query heads per K/V head); for a V with one
     descale per key block (``v_per_tensor=False``), the row's kernel built for blockwise V
-    descales."""
+    descales. ``f16_scores``: Q's and K's codes keep Q Kᵀ inside f16 (kernels/f16_scores.py),
+    so a row that rounds P's codes takes its scores in f16."""
     if not v_per_tensor:
         return _with_blockwise_v(select(arch, FP8_DTYPE, head_dim, causal, seqlen_q))
-    return select(arch, FP8_DTYPE, head_dim, causal, seqlen_q, group)
+    entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q, group)
+    return _with_f16_scores(entry) if f16_scores and entry.config.fp8_p_by_rounding else entry
+
+
+@functools.lru_cache(maxsize=None)
+def _with_f16_scores(entry: KernelEntry) -> KernelEntry:
+    """The row's kernel with its S GEMM accumulating in f16. H200, three rounds, the kernel
+    alone (perf/results/h200/2026-12-02-fp8-sweep-f16-scores.json), 1k / 16k TFLOP/s, the
+    row -> f16: head dim 64 full 584 -> 726, 806 -> 1007, causal 475 -> 556, 784 -> 973;
+    128 full 876 -> 1007, 1049 -> 1184, causal 678 -> 770, 1016 -> 1162; 256 full 1025 ->
+    1125, 1295 -> 1352, causal 771 -> 827, 1218 -> 1285. Q's and K's codes then come with
+    kernels.f16_scores.code_limits: on FlashAttention-3's inputs the outputs erred within
+    0.2-3% of the fp32 scores' on the same codes (-fp8-f16-scores-probe.json)."""
+    return replace(entry, config=replace(entry.config, scores_in_f16=True))
 
 
 def _with_head_clusters(entry: KernelEntry) -> KernelEntry:

@@ -21,6 +21,7 @@ from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
 from flash4.devices import device_arch, device_sms, on_device
 from flash4.interface import LOG2_E
+from flash4.kernels.f16_scores import code_limits, scores_fit_f16
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (
     FP8_KEY_GROUP,
@@ -38,10 +39,14 @@ FP8_ARCH = "sm_90a"
 
 class Fp8Blocks(NamedTuple):
     """Rows per blockwise descale: ``q`` for Q (the FP8 kernel's query tile), ``kv`` for K
-    and V (its key tile), so that each tile reads one descale."""
+    and V (its key tile), so that each tile reads one descale; and the largest values
+    ``flash_attn_fp8`` gives Q's codes (``q_max``) and K's (``k_max``), with which the
+    kernel holds Q Kᵀ in f16 (kernels/f16_scores.py)."""
 
     q: int
     kv: int
+    q_max: float
+    k_max: float
 
 
 def fp8_blocks(head_dim: int, causal: bool, seqlen_q: int) -> Fp8Blocks:
@@ -52,7 +57,7 @@ def fp8_blocks(head_dim: int, causal: bool, seqlen_q: int) -> Fp8Blocks:
     except UnsupportedProblemError:
         heads = sorted({row.head_dim for row in TABLE if row.dtype == FP8_DTYPE})
         raise ValueError(f"head_dim={head_dim}: the FP8 kernel supports head dims {heads}") from None
-    return Fp8Blocks(config.tile_m, config.tile_n)
+    return Fp8Blocks(config.tile_m, config.tile_n, *code_limits(head_dim))
 
 
 def flash_attn_fp8(
@@ -86,15 +91,16 @@ def flash_attn_fp8(
     # GPU without FP8 kernels is refused before anything is quantized.
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
-        group=problem.group_size,
+        group=problem.group_size, f16_scores=True,
     )
+    q_max, k_max = code_limits(problem.head_dim)
     # The inputs passed check_attention_args, so the quantization kernels take them and what
     # they return is what the FP8 kernel reads: neither quantize_fp8's checks nor
     # check_fp8_args (a quarter of the call's host time) run again.
     with on_device(q.device):
         return _launch(
-            quantize_on_gpu(q, entry.config.tile_m, hadamard),
-            quantize_on_gpu(k, entry.config.tile_n, hadamard),
+            quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max),
+            quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max),
             quantize_fp8_transposed_v(v),
             problem,
             entry,
@@ -128,7 +134,7 @@ def flash_attn_fp8_quantized(
     device = q.values.device
     entry = select_fp8(
         device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None,
-        group=problem.group_size,
+        group=problem.group_size, f16_scores=scores_fit_f16(problem.head_dim, q.fp8_max, k.fp8_max),
     )
     with on_device(device):
         return _launch(q, k, v, problem, entry, return_lse)

@@ -53,6 +53,9 @@ class Fp8Tensor(NamedTuple):
     descale: Tensor
     block: int | None
     hadamard: bool
+    # The magnitude each block's largest value was scaled onto: e4m3's largest, or less
+    # (``quantize_fp8``'s ``fp8_max``), which bounds every |value| by it.
+    fp8_max: float = FP8_MAX
 
     def dequantize(self) -> Tensor:
         """float32 (batch, seqlen, heads, head_dim): values times their descales."""
@@ -114,22 +117,26 @@ def hadamard_unrotate(y: Tensor, signs: Tensor | None = None) -> Tensor:
     return hadamard_rotate(y, ones) * signs
 
 
-def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> Fp8Tensor:
+def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False, fp8_max: float = FP8_MAX) -> Fp8Tensor:
     """e4m3 values and float32 descales of ``x`` (batch, seqlen, heads, head_dim); see the
-    module docstring. ``block``: rows per descale (None: one for the whole tensor)."""
+    module docstring. ``block``: rows per descale (None: one for the whole tensor).
+    ``fp8_max``: the magnitude a block's largest value is scaled onto, a power of two up to
+    e4m3's largest (448, the default). Smaller ones let the FP8 kernel hold Q Kᵀ in f16
+    (``flash4.fp8``), at the cost of the values below fp8_max / 2^9, e4m3's subnormals."""
     if x.dim() != 4:
         raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    check_fp8_max(fp8_max)
     if hadamard:
         _check_rotatable(x.shape[-1])
     if _gpu_kernel_takes(x, hadamard):
         from flash4.devices import on_device
 
         with on_device(x.device):
-            return quantize_on_gpu(x, block, hadamard)
+            return quantize_on_gpu(x, block, hadamard, fp8_max)
     x = hadamard_rotate(x) if hadamard else x
     # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
     # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
@@ -139,14 +146,14 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
     low, high = torch.aminmax(x, dim=-1)
     row_amax = torch.maximum(high, -low).float()  # (b, s, h)
     if block is None:
-        descale = _descale(row_amax.amax())
+        descale = _descale(row_amax.amax(), fp8_max)
         # A 1-element (not 0-dim) factor takes part in type promotion: the product is float32.
         torch.mul(x, (1.0 / descale).reshape(1), out=values)
-        return Fp8Tensor(values, descale, None, hadamard)
+        return Fp8Tensor(values, descale, None, hadamard, fp8_max)
     batch, seqlen, heads, head_dim = x.shape
     blocks = -(-seqlen // block)
     padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))  # small: no head dim
-    descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2)).transpose(1, 2).contiguous()
+    descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2), fp8_max).transpose(1, 2).contiguous()
     whole = seqlen // block
     parts = [(slice(0, whole), block)] if whole else []
     if blocks > whole:  # the last, partial block on its own: no padded copy of x
@@ -156,7 +163,7 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False) -> 
         per_block = descale[:, :, index].transpose(1, 2).reshape(batch, -1, 1, heads, 1)
         torch.mul(x[:, keys].reshape(batch, -1, rows, heads, head_dim), 1.0 / per_block,
                   out=values[:, keys].view(batch, -1, rows, heads, head_dim))
-    return Fp8Tensor(values, descale, block, hadamard)
+    return Fp8Tensor(values, descale, block, hadamard, fp8_max)
 
 
 class Fp8TransposedV(NamedTuple):
@@ -271,7 +278,7 @@ def _dtype_name(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
+def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool, fp8_max: float = FP8_MAX) -> Fp8Tensor:
     """``quantize_fp8`` of a CUDA tensor the kernels take (``_gpu_kernel_takes``), without
     its argument checks, by kernels/quantize_fp8.py, which rotates it too. Launches on the
     current device: the caller makes it x's (``on_device``), once for all its launches."""
@@ -284,13 +291,13 @@ def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool) -> Fp8Tensor:
     dtype = _dtype_name(x)
     if block is None:
         descale = torch.empty((), dtype=torch.float32, device=x.device)
-        compiled_quantize_fp8(dtype, head_dim, None, hadamard)(
+        compiled_quantize_fp8(dtype, head_dim, None, hadamard, fp8_max=fp8_max)(
             x, values, descale.reshape(1), _partial_maxima(x, hadamard)
         )
     else:
         descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
-        compiled_quantize_fp8(dtype, head_dim, block, hadamard)(x, values, descale, None)
-    return Fp8Tensor(values, descale, block, hadamard)
+        compiled_quantize_fp8(dtype, head_dim, block, hadamard, fp8_max=fp8_max)(x, values, descale, None)
+    return Fp8Tensor(values, descale, block, hadamard, fp8_max)
 
 
 def _value_layout_on_gpu(v: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -386,7 +393,16 @@ def _tensor_amax(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
 
 
-def _descale(amax: Tensor) -> Tensor:
-    """amax (float32) / FP8_MAX, at least SMALLEST_DESCALE; an all-zero block gets 1 (its
+def _descale(amax: Tensor, fp8_max: float = FP8_MAX) -> Tensor:
+    """amax (float32) / fp8_max, at least SMALLEST_DESCALE; an all-zero block gets 1 (its
     values are 0 either way)."""
-    return torch.where(amax > 0, (amax / FP8_MAX).clamp_min(SMALLEST_DESCALE), 1.0).float()
+    return torch.where(amax > 0, (amax / fp8_max).clamp_min(SMALLEST_DESCALE), 1.0).float()
+
+
+def check_fp8_max(fp8_max: object) -> None:
+    """Raise unless ``fp8_max`` is a power of two up to FP8_MAX, or FP8_MAX itself."""
+    valid = isinstance(fp8_max, (int, float)) and not isinstance(fp8_max, bool) and (
+        fp8_max == FP8_MAX or (0 < fp8_max < FP8_MAX and math.frexp(fp8_max)[0] == 0.5)
+    )
+    if not valid:
+        raise ValueError(f"fp8_max must be {FP8_MAX:g} or a power of two below it, got {fp8_max!r}")

@@ -49,11 +49,18 @@ LOW_HALF, HIGH_HALF = 0x0000FFFF, 0xFFFF0000 - (1 << 32)
 
 
 def code_limits(head_dim: int) -> tuple[int, int]:
-    """The largest |code| of Q and of K (powers of two, Q's the larger) whose raw scores
-    stay within F16_SCORE_BOUND at ``head_dim``."""
+    """The largest |value| of Q's codes and of K's (powers of two, Q's the larger) whose raw
+    scores stay within F16_SCORE_BOUND at ``head_dim``: 32 and 16 at 64, 16 and 16 at 128,
+    16 and 8 at 256."""
     product = F16_SCORE_BOUND // head_dim
     q_limit = 1 << ((product.bit_length()) // 2)
     return q_limit, product // q_limit
+
+
+def scores_fit_f16(head_dim: int, q_max: float, k_max: float) -> bool:
+    """Whether codes of Q at most ``q_max`` and of K at most ``k_max`` keep every raw score,
+    and every partial sum of one, within F16_SCORE_BOUND."""
+    return head_dim * q_max * k_max <= F16_SCORE_BOUND
 
 
 def score_words(acc_s: cute.Tensor) -> cute.Tensor:

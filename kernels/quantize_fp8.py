@@ -98,9 +98,10 @@ def reciprocal(descale: Float32) -> Float32:
 
 
 @cute.jit
-def descale_of(amax: Float32) -> Float32:
-    """flash4.quantize's descale of a block or tensor whose largest magnitude is ``amax``."""
-    return cute.arch.fmax(amax / E4M3_MAX, SMALLEST_DESCALE) if amax > 0.0 else Float32(1.0)
+def descale_of(amax: Float32, fp8_max: cutlass.Constexpr[float]) -> Float32:
+    """flash4.quantize's descale of a block or tensor whose largest magnitude is ``amax``,
+    scaled onto ``fp8_max``."""
+    return cute.arch.fmax(amax / fp8_max, SMALLEST_DESCALE) if amax > 0.0 else Float32(1.0)
 
 
 @cute.jit
@@ -146,9 +147,11 @@ def cta_max(value: Float32, tidx: Int32, warps: cutlass.Constexpr[int], scratch:
 
 
 @cute.jit
-def tensor_descale(mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[int]) -> Float32:
+def tensor_descale(
+    mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[int], fp8_max: cutlass.Constexpr[float] = E4M3_MAX
+) -> Float32:
     """The per-tensor descale from TensorAmax's partial maxima ``mAmax`` (flat), in every
-    thread of the CTA."""
+    thread of the CTA, scaled onto ``fp8_max``."""
     scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads // THREADS_PER_WARP))
     partials = cute.size(mAmax)
     amax = Float32(0.0)
@@ -159,7 +162,7 @@ def tensor_descale(mAmax: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr[i
             if i >= partials:
                 i = partials - 1
             amax = cute.arch.fmax(amax, mAmax[i])
-    return descale_of(cta_max(amax, tidx, threads // THREADS_PER_WARP, scratch))
+    return descale_of(cta_max(amax, tidx, threads // THREADS_PER_WARP, scratch), fp8_max)
 
 
 class RowBlock:
@@ -267,8 +270,11 @@ class QuantizeFp8Rows:
     rotated first (flash4.quantize.hadamard_rotate, in registers: RowRotation)."""
 
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool,
-                 hadamard: Optional[HadamardSigns] = None):
+                 hadamard: Optional[HadamardSigns] = None, fp8_max: float = E4M3_MAX):
         self.per_tensor = per_tensor
+        # What a block's largest magnitude is scaled onto (e4m3's largest, or a smaller code
+        # limit: kernels/f16_scores.py).
+        self.fp8_max = fp8_max
         # Blockwise: threads enough to hold the block in registers, if they fit on an SM.
         threads = None if per_tensor else resident_threads(RowBlock(head_dim, dtype, block_rows, ROW_THREADS, hadamard))
         self.resident = threads is not None
@@ -301,7 +307,7 @@ class QuantizeFp8Rows:
         pieces = [self.block.new_piece() for _ in range(self.block.turns if self.resident else 0)]
         descale = Float32(1.0)
         if cutlass.const_expr(self.per_tensor):
-            descale = tensor_descale(mAmax, tidx, self.block.threads)
+            descale = tensor_descale(mAmax, tidx, self.block.threads, self.fp8_max)
         else:
             amax = Float32(0.0)
             if cutlass.const_expr(self.resident):
@@ -317,7 +323,7 @@ class QuantizeFp8Rows:
             else:
                 amax = self.block.amax_by_loop(mX, first_row, end_row, head, batch, tidx)
             scratch = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.block.warps))
-            descale = descale_of(cta_max(amax, tidx, self.block.warps, scratch))
+            descale = descale_of(cta_max(amax, tidx, self.block.warps, scratch), self.fp8_max)
         inverse_descale = reciprocal(descale)
         if cutlass.const_expr(self.resident):
             for turn, piece in enumerate(pieces):

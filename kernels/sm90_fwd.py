@@ -273,9 +273,15 @@ class Sm90ForwardKernel:
         )
 
     @property
+    def f16_scores(self) -> bool:
+        """Scores in f16 (Sm90ForwardConfig.scores_in_f16): only in the variant compiled
+        without an LSE, whose P's codes are rounded from the scores."""
+        return self.config.scores_in_f16 and self.sums_on_tensor_cores
+
+    @property
     def score_dtype(self) -> Type[cutlass.Numeric]:
-        """The S GEMM's accumulator type: f16 for the FP8 rows that take scores_in_f16."""
-        return Float16 if self.config.scores_in_f16 else Float32
+        """The S GEMM's accumulator type."""
+        return Float16 if self.f16_scores else Float32
 
     def pv_mma(self, warpgroups: int) -> cute.TiledMma:
         """O = P V on ``warpgroups`` consumer warpgroups along M: V is the B operand
@@ -750,7 +756,7 @@ class Sm90ForwardKernel:
         if cutlass.const_expr(self.config.skip_unseen_first_block):
             # A warpgroup that skips the GEMM keeps -inf, what the mask would have made of
             # every one of its scores.
-            if cutlass.const_expr(self.config.scores_in_f16):
+            if cutlass.const_expr(self.f16_scores):
                 score_words(acc_s).fill(NEG_INF_X2)
             else:
                 acc_s.fill(-Float32.inf)

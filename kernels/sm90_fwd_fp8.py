@@ -112,7 +112,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def store_p(self, acc_s: cute.Tensor, p: cute.Tensor) -> None:
         """P (already scaled onto e4m3's range, or its codes) into the FP8 A operand, four
         per register."""
-        if cutlass.const_expr(self.config.scores_in_f16):
+        if cutlass.const_expr(self.f16_scores):
             pack_codes(acc_s, p)
         else:
             convert_packed(acc_as_fp8_a_operand(acc_s), p, self.p_by_rounding)

@@ -34,12 +34,18 @@ def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Call
     blocks = fp8_blocks(q.shape[-1], False, q.shape[1])
     scale = q.shape[-1] ** -0.5
     per_tensor = [flash4.quantize_fp8(t, None) for t in (q, k, v)]
-    blockwise = [flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), per_tensor[2]]
+    # As flash_attn_fp8 quantizes (without the rotation): codes within the limits with
+    # which the kernel holds the scores in f16.
+    blockwise = [flash4.quantize_fp8(q, blocks.q, fp8_max=blocks.q_max),
+                 flash4.quantize_fp8(k, blocks.kv, fp8_max=blocks.k_max), per_tensor[2]]
     cudnn_run, cudnn_out = _cudnn_fp8(q, k, v, False, scale)
     return {
         "flash4 fp8 per-tensor": lambda: flash4.flash_attn_fp8_quantized(*per_tensor),
         "flash4 fp8 blockwise": lambda: flash4.flash_attn_fp8_quantized(*blockwise),
         "flash4 fp8 blockwise + hadamard": lambda: flash4.flash_attn_fp8(q, k, v, hadamard=True),
+        # The same with codes up to 448, which the kernel reads into fp32 scores.
+        "flash4 fp8 blockwise + hadamard, fp32 scores": lambda: flash4.flash_attn_fp8_quantized(
+            flash4.quantize_fp8(q, blocks.q, True), flash4.quantize_fp8(k, blocks.kv, True), per_tensor[2]),
         "cudnn fp8 per-tensor (fp8 out)": lambda: cudnn_out(cudnn_run()),
         "flash4 bf16": lambda: flash4.flash_attn_func(q, k, v),
         "torch sdpa bf16": lambda: torch.nn.functional.scaled_dot_product_attention(

@@ -15,6 +15,7 @@ from flash4 import dispatch
 from flash4.fp8 import (
     check_fp8_args, flash_attn_fp8, flash_attn_fp8_quantized, fp8_blocks, kernel_descales, tile_descales,
 )
+from flash4.kernels.f16_scores import F16_SCORE_BOUND, code_limits, scores_fit_f16
 from flash4.kernels.mma_layouts import FP8_PV_KEY_ORDER
 from flash4.kernels.online_softmax import E4M3_MAX
 from flash4.quantize import FP8_MAX, fp8_value_layout, quantize_fp8, transpose_fp8_v
@@ -168,7 +169,9 @@ def test_fp8_blocks_are_the_tiles_of_the_row_a_problem_selects():
                   if (r.head_dim, r.causal) == (row.head_dim, row.causal) and r.min_seqlen_q > row.min_seqlen_q]
         for seqlen in {row.min_seqlen_q, min(longer, default=100_001) - 1}:
             assert dispatch.select("sm_90a", dispatch.FP8_DTYPE, row.head_dim, row.causal, seqlen) == row
-            assert fp8_blocks(row.head_dim, row.causal, seqlen) == (config.tile_m, config.tile_n)
+            blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
+            assert (blocks.q, blocks.kv) == (config.tile_m, config.tile_n)
+            assert (blocks.q_max, blocks.k_max) == code_limits(row.head_dim)
     with pytest.raises(ValueError, match=r"^head_dim=96: the FP8 kernel supports head dims \[64, 128, 256\]"):
         fp8_blocks(96, False, 1)
 
@@ -349,3 +352,67 @@ def test_flash_attn_fp8_refuses_a_gpu_without_fp8_kernels_before_quantizing(monk
         monkeypatch.setattr(fp8, name, quantize)
     with pytest.raises(dispatch.UnsupportedProblemError, match="sm_100a"):
         fp8.flash_attn_fp8(x, x, x)
+
+
+def test_code_limits_keep_every_raw_score_inside_f16():
+    # Q's and K's code limits: powers of two whose raw scores (head_dim products) stay
+    # within F16_SCORE_BOUND, and twice either would not; fp16's largest finite value is
+    # past the bound. select_fp8 takes the f16 rows only where P's codes are rounded.
+    assert F16_SCORE_BOUND < torch.finfo(torch.float16).max
+    for head_dim in (64, 128, 256):
+        q_max, k_max = code_limits(head_dim)
+        assert q_max >= k_max and all(math.frexp(x)[0] == 0.5 for x in (q_max, k_max))
+        assert scores_fit_f16(head_dim, q_max, k_max)
+        assert not scores_fit_f16(head_dim, 2 * q_max, k_max) and not scores_fit_f16(head_dim, q_max, 2 * k_max)
+        for causal in (False, True):
+            entry = dispatch.select_fp8("sm_90a", head_dim, causal, 1000, True, f16_scores=True)
+            assert entry.config.scores_in_f16
+            assert not dispatch.select_fp8("sm_90a", head_dim, causal, 1000, True).config.scores_in_f16
+            assert not dispatch.select_fp8("sm_90a", head_dim, causal, 1000, False, f16_scores=True).config.scores_in_f16
+
+
+@pytest.mark.parametrize("block", (None, 128))
+@pytest.mark.parametrize("fp8_max", (16.0, 32.0))
+def test_quantize_fp8_scales_each_block_onto_fp8_max(block, fp8_max):
+    # Each block's largest magnitude lands on fp8_max (a power of two: exactly), the rest
+    # stays below, and the values still approximate x; fp8_max travels with the tensor.
+    x = torch.randn(2, 300, 3, 64) * 3
+    q = quantize_fp8(x, block, fp8_max=fp8_max)
+    assert q.fp8_max == fp8_max and q.values.float().abs().max() == fp8_max
+    assert (q.dequantize() - x).abs().max() <= 2.0**-4 * x.abs().max() * 1.01
+    assert quantize_fp8(x, block).fp8_max == 448.0
+
+
+@pytest.mark.parametrize("fp8_max", (0.0, -16.0, 24.0, 512.0, True, "16"))
+def test_quantize_fp8_refuses_other_fp8_max(fp8_max):
+    with pytest.raises(ValueError, match=r"^fp8_max must be 448 or a power of two below it"):
+        quantize_fp8(torch.randn(1, 4, 1, 64), 128, fp8_max=fp8_max)
+
+
+F16_SCORE_ROWS = [dispatch.select_fp8("sm_90a", r.head_dim, r.causal, r.min_seqlen_q, True, f16_scores=True)
+                  for r in FP8_ROWS if r.config.fp8_p_by_rounding]
+
+
+@pytest.mark.parametrize("entry", F16_SCORE_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}"
+                                                      for r in F16_SCORE_ROWS])
+def test_f16_scores_make_p_codes_in_pairs(entry):
+    # Without an LSE: the S GEMM accumulates in f16; each block's P comes from one fma and
+    # one clamp per pair of scores and one prmt per four, with no fp32 score conversion;
+    # the row max starts with max.f16x2 over half a row. No spill, no serialised wgmma
+    # (an f16 read of the accumulator before its wait would serialise them). With an LSE
+    # the same configuration compiles the fp32-score kernel.
+    from flash4.compiler import compile_entry
+
+    report = compile_entry(entry, arch="sm_90a", with_lse=False)
+    ptx, config = report.ptx, entry.config
+    s_steps, pv_steps = config.head_dim // 32, config.tile_n // 32
+    s_gemms = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f16\.e4m3\.e4m3", ptx)
+    assert s_gemms == [str(config.tile_n)] * (3 * s_steps)
+    pairs = 64 * config.tile_n // 128 // 2  # per thread, per block
+    # The first block, the masked loop and the unmasked loop each make one block's P.
+    assert ptx.count("fma.rn.f16x2") == 3 * pairs
+    assert ptx.count("prmt.b32") == 3 * pairs // 2
+    assert ptx.count("cvt.rn.f16x2.f32") == 3 * (1 + 2)  # the code scale, and each row's offset
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    with_lse = compile_entry(entry, arch="sm_90a", with_lse=True).ptx
+    assert ".f16.e4m3.e4m3" not in with_lse and "fma.rn.f16x2" not in with_lse

@@ -121,16 +121,37 @@ def test_every_row_matches_its_model(row, return_lse):
                         seed=seqlen * 7 + row.head_dim + row.causal)
 
 
-def _check_per_tensor_v(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, return_lse, seed):
+@pytest.mark.parametrize(
+    "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
+)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((0, 0), (1, 1000), (0, 1000)), ids=("square", "one-query", "more-keys"))
+def test_every_row_with_f16_scores_matches_its_model(row, seqlen_q, seqlen_k):
+    # The rows' f16-score kernels (kernels/f16_scores.py; Q's and K's codes within their
+    # limits, no LSE) against the model of fp32 scores: a ragged tail past the row's start
+    # (seqlen 0 stands for it), one query of many keys, more keys than queries; GQA 4:1.
+    seqlen_q = seqlen_q or row.min_seqlen_q + RAGGED_PAST_ROW_START
+    seqlen_k = max(seqlen_k, seqlen_q) if seqlen_k else seqlen_q
+    entry = dispatch.select_fp8("sm_90a", row.head_dim, row.causal, seqlen_q, True, group=4, f16_scores=True)
+    assert entry.config.scores_in_f16
+    _check_per_tensor_v(1, seqlen_q, seqlen_k, 8, 2, row.head_dim, row.causal, False,
+                        seed=seqlen_k * 5 + row.head_dim + row.causal, f16_codes=True)
+
+
+def _check_per_tensor_v(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, return_lse, seed,
+                        f16_codes=False):
     """Fresh inputs, Q and K in the selected row's blocks, V per tensor, through
-    flash_attn_fp8_quantized onto a poisoned allocator; checked against the model."""
+    flash_attn_fp8_quantized onto a poisoned allocator; checked against the model.
+    ``f16_codes``: Q and K quantized to flash_attn_fp8's code limits, with which the kernel
+    without an LSE holds the scores in f16."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (
         torch.randn(batch, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))
     )
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
-    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, None)
+    q_max, k_max = (blocks.q_max, blocks.k_max) if f16_codes else (448.0, 448.0)
+    q8, k8 = flash4.quantize_fp8(q, blocks.q, fp8_max=q_max), flash4.quantize_fp8(k, blocks.kv, fp8_max=k_max)
+    v8 = flash4.quantize_fp8(v, None)
     poison_allocator()
     result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
     torch.cuda.synchronize()
@@ -213,7 +234,7 @@ def test_flash_attn_fp8_is_the_quantized_call_on_its_quantization(
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
     poison_allocator()
     want = flash4.flash_attn_fp8_quantized(
-        flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard),
+        flash4.quantize_fp8(q, blocks.q, hadamard, blocks.q_max), flash4.quantize_fp8(k, blocks.kv, hadamard, blocks.k_max),
         quantize_fp8_transposed_v(v), causal=causal, return_lse=return_lse,
     )
     poison_allocator()
@@ -249,11 +270,13 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
 @pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=("bf16", "fp16", "fp32"))
-def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
+# e4m3's largest value, and a code limit of flash_attn_fp8 (kernels/f16_scores.code_limits).
+@pytest.mark.parametrize("fp8_max", (448.0, 16.0), ids=("e4m3-max", "max16"))
+def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype, fp8_max):
     # The GPU kernels (kernels/quantize_fp8.py, rotating in registers with hadamard) on a
     # strided input (every other head-dim-sized slice of its rows) of a ragged length (a
     # partial last block, a partial key group): each descale is its block's largest
-    # magnitude over 448 (to an ulp: torch divides by a scalar through its reciprocal), each
+    # magnitude over fp8_max (to an ulp: torch divides by a scalar through its reciprocal), each
     # value the rotated input (torch's rotation, bit for bit) times its descale's
     # reciprocal in float32, rounded to e4m3, exactly; V's layout is the CPU's, byte for
     # byte. float32 at head dim 256 in blocks of 192 rows is read twice (not held).
@@ -262,9 +285,10 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype):
     x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
     x[0, 7, 1, 3] = 300.0
     x[1, 999, 2, head_dim - 1] = -200.0
-    got = flash4.quantize_fp8(x, block, hadamard)
+    got = flash4.quantize_fp8(x, block, hadamard, fp8_max)
     rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
-    assert torch.allclose(got.descale.cpu(), flash4.quantize_fp8(rotated, block).descale, rtol=2.0**-22, atol=0)
+    want_descale = flash4.quantize_fp8(rotated, block, fp8_max=fp8_max).descale
+    assert torch.allclose(got.descale.cpu(), want_descale, rtol=2.0**-22, atol=0)
     descale = got.descale.cpu()
     if block is not None:
         descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
