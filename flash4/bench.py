@@ -315,8 +315,7 @@ def _flash4_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     from flash4.quantize import quantize_fp8, transpose_fp8_v
 
     blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
-    q8, k8 = quantize_fp8(q, blocks.q, fp8_max=blocks.q_max), quantize_fp8(k, blocks.kv, fp8_max=blocks.k_max)
-    v8 = transpose_fp8_v(quantize_fp8(v, None))
+    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), transpose_fp8_v(quantize_fp8(v, None))
     return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 
@@ -327,8 +326,7 @@ def _flash4_fp8_v_per_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     from flash4.quantize import quantize_fp8
 
     blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
-    q8, k8 = quantize_fp8(q, blocks.q, fp8_max=blocks.q_max), quantize_fp8(k, blocks.kv, fp8_max=blocks.k_max)
-    v8 = quantize_fp8(v, None)
+    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), quantize_fp8(v, None)
     return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 

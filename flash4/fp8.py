@@ -39,9 +39,9 @@ FP8_ARCH = "sm_90a"
 
 class Fp8Blocks(NamedTuple):
     """Rows per blockwise descale: ``q`` for Q (the FP8 kernel's query tile), ``kv`` for K
-    and V (its key tile), so that each tile reads one descale; and the largest values
-    ``flash_attn_fp8`` gives Q's codes (``q_max``) and K's (``k_max``), with which the
-    kernel holds Q Kᵀ in f16 (kernels/f16_scores.py)."""
+    and V (its key tile), so that each tile reads one descale; and the ``fp8_max`` of Q
+    (``q_max``) and of K (``k_max``) with which ``flash_attn_fp8_quantized`` runs the
+    kernel that holds Q Kᵀ in f16 (kernels/f16_scores.py)."""
 
     q: int
     kv: int
@@ -91,16 +91,15 @@ def flash_attn_fp8(
     # GPU without FP8 kernels is refused before anything is quantized.
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
-        group=problem.group_size, f16_scores=True,
+        group=problem.group_size,
     )
-    q_max, k_max = code_limits(problem.head_dim)
     # The inputs passed check_attention_args, so the quantization kernels take them and what
     # they return is what the FP8 kernel reads: neither quantize_fp8's checks nor
     # check_fp8_args (a quarter of the call's host time) run again.
     with on_device(q.device):
         return _launch(
-            quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max),
-            quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max),
+            quantize_on_gpu(q, entry.config.tile_m, hadamard),
+            quantize_on_gpu(k, entry.config.tile_n, hadamard),
             quantize_fp8_transposed_v(v),
             problem,
             entry,

@@ -5,7 +5,8 @@
 Inputs N(0, 1) plus N(0, 100) on 0.1% of the entries (perf/fp8_accuracy_model.py), in
 bf16; RMSE of each output against float64 attention of those bf16 inputs, for flash4's
 FP8 kernel with per-tensor scales, blockwise scales, blockwise scales with the Hadamard
-rotation (flash_attn_fp8(hadamard=True)), cuDNN's FP8 attention (per-tensor, e4m3 output;
+rotation (flash_attn_fp8(hadamard=True)), the same with Q's and K's codes to
+fp8_blocks' q_max and k_max (the kernel then holds its scores in f16), cuDNN's FP8 attention (per-tensor, e4m3 output;
 perf/peer_providers.py) and the bf16 kernels (flash4, torch SDPA). The model's prediction
 for the same inputs is perf/fp8_accuracy_model.py.
 """
@@ -34,18 +35,16 @@ def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Call
     blocks = fp8_blocks(q.shape[-1], False, q.shape[1])
     scale = q.shape[-1] ** -0.5
     per_tensor = [flash4.quantize_fp8(t, None) for t in (q, k, v)]
-    # As flash_attn_fp8 quantizes (without the rotation): codes within the limits with
-    # which the kernel holds the scores in f16.
-    blockwise = [flash4.quantize_fp8(q, blocks.q, fp8_max=blocks.q_max),
-                 flash4.quantize_fp8(k, blocks.kv, fp8_max=blocks.k_max), per_tensor[2]]
+    blockwise = [flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), per_tensor[2]]
+    # Rotated, codes within the limits with which the kernel holds the scores in f16.
+    f16_codes = [flash4.quantize_fp8(q, blocks.q, True, blocks.q_max),
+                 flash4.quantize_fp8(k, blocks.kv, True, blocks.k_max), per_tensor[2]]
     cudnn_run, cudnn_out = _cudnn_fp8(q, k, v, False, scale)
     return {
         "flash4 fp8 per-tensor": lambda: flash4.flash_attn_fp8_quantized(*per_tensor),
         "flash4 fp8 blockwise": lambda: flash4.flash_attn_fp8_quantized(*blockwise),
         "flash4 fp8 blockwise + hadamard": lambda: flash4.flash_attn_fp8(q, k, v, hadamard=True),
-        # The same with codes up to 448, which the kernel reads into fp32 scores.
-        "flash4 fp8 blockwise + hadamard, fp32 scores": lambda: flash4.flash_attn_fp8_quantized(
-            flash4.quantize_fp8(q, blocks.q, True), flash4.quantize_fp8(k, blocks.kv, True), per_tensor[2]),
+        "flash4 fp8 blockwise + hadamard, f16 scores": lambda: flash4.flash_attn_fp8_quantized(*f16_codes),
         "cudnn fp8 per-tensor (fp8 out)": lambda: cudnn_out(cudnn_run()),
         "flash4 bf16": lambda: flash4.flash_attn_func(q, k, v),
         "torch sdpa bf16": lambda: torch.nn.functional.scaled_dot_product_attention(

@@ -234,7 +234,7 @@ def test_flash_attn_fp8_is_the_quantized_call_on_its_quantization(
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
     poison_allocator()
     want = flash4.flash_attn_fp8_quantized(
-        flash4.quantize_fp8(q, blocks.q, hadamard, blocks.q_max), flash4.quantize_fp8(k, blocks.kv, hadamard, blocks.k_max),
+        flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard),
         quantize_fp8_transposed_v(v), causal=causal, return_lse=return_lse,
     )
     poison_allocator()
