@@ -405,7 +405,7 @@ def test_f16_scores_make_p_codes_in_pairs(entry):
 
     report = compile_entry(entry, arch="sm_90a", with_lse=False)
     ptx, config = report.ptx, entry.config
-    s_steps, pv_steps = config.head_dim // 32, config.tile_n // 32
+    s_steps = config.head_dim // 32
     s_gemms = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f16\.e4m3\.e4m3", ptx)
     assert s_gemms == [str(config.tile_n)] * (3 * s_steps)
     pairs = 64 * config.tile_n // 128 // 2  # per thread, per block
