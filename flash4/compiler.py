@@ -348,8 +348,9 @@ def compile_quantize_fp8(
 ) -> Any:
     """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
     dim, descale block (None: one descale per tensor), rotation (``hadamard``: the rows
-    rotated first, in the kernel) and largest value (``fp8_max``; None: e4m3's). Call it as ``fn(x, values, descale, amax)`` with torch
-    tensors: x (batch, seqlen, heads, head_dim), values e4m3 of the same shape, descale
+    rotated first, in the kernel) and largest value (``fp8_max``; None: e4m3's). Call it
+    as ``fn(x, values, descale, amax)`` with torch tensors: x (batch, seqlen, heads,
+    head_dim), values e4m3 of the same shape, descale
     float32 (batch, heads, blocks) or, per tensor, (1,), written; amax per tensor
     ``compiled_tensor_amax``'s partial maxima (of the rotated rows, if rotating), flat,
     else None."""

@@ -139,7 +139,7 @@ class Sm90ForwardConfig:
     # on [1024, 2048)), one max.f16x2 clamp, where fp32 scores take two FMNMX, two FFMA
     # and a conversion (kernels/f16_scores.py). A raw score must stay inside f16's range:
     # only for Q and K codes with head_dim * |q code| * |k code| <= F16_SCORE_BOUND, as
-    # flash4.quantize_fp8(..., max_code=...) writes them; any other input overflows.
+    # flash4.quantize_fp8(..., fp8_max=...) writes them; any other input overflows.
     scores_in_f16: bool = False
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once

@@ -20,7 +20,7 @@ its P the same scale. When the max rises, O and the row sums are multiplied by
 
 A raw score, the dot product of a row of Q's codes with one of K's, must stay inside
 f16's range: the kernel is only for codes with head_dim * max |q code| * max |k code| <=
-F16_SCORE_BOUND (flash4.quantize_fp8's ``max_code``), which no partial sum of the GEMM
+F16_SCORE_BOUND (flash4.quantize_fp8's ``fp8_max``), which no partial sum of the GEMM
 passes either.
 """
 
@@ -40,8 +40,6 @@ F16_SCORE_BOUND = 2**15
 # prmt selector of bytes 0 and 2 of the first word, then of the second: the low byte of
 # each f16, which is the code (kernels/e4m3_codes.py).
 LOW_BYTES_OF_TWO_WORDS = 0x6420
-
-
 # -inf in both halves of a word, as a signed 32-bit value.
 NEG_INF_X2 = 0xFC00FC00 - (1 << 32)
 # The bits of a word's first half (the lower column) and of its second.
@@ -129,7 +127,7 @@ def codes_in_place(words: cute.Tensor, indices: list, code_scale: Int32, offset:
     code 0: ``max(score * code_scale + offset, base)`` on both halves."""
     for i in indices:
         codes = ptx("fma.rn.f16x2 $0, $1, $2, $3;", (words[i], code_scale, offset), Int32)
-        words[i] = ptx("max.f16x2 $0, $1, $2;", (codes, Int32(F16_INTEGER_BASE_X2_BITS)), Int32)
+        words[i] = max_f16x2(codes, Int32(F16_INTEGER_BASE_X2_BITS))
 
 
 def pack_codes(acc_s: cute.Tensor, p: cute.Tensor) -> None:
@@ -138,7 +136,9 @@ def pack_codes(acc_s: cute.Tensor, p: cute.Tensor) -> None:
     p_words = cute.recast_tensor(p, Int32)
     for k, (lo, hi) in enumerate(a_operand_words(acc_s)):
         # Pinned: the register must be written before the fence of the GEMM that reads it.
-        p_words[k] = ptx(f"prmt.b32 $0, $1, $2, {LOW_BYTES_OF_TWO_WORDS:#06x};", (words[lo], words[hi]), Int32, pinned=True)
+        p_words[k] = ptx(
+            f"prmt.b32 $0, $1, $2, {LOW_BYTES_OF_TWO_WORDS:#06x};", (words[lo], words[hi]), Int32, pinned=True
+        )
 
 
 def mask_words(acc_s: cute.Tensor, out_of_range) -> None:

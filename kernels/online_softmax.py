@@ -384,7 +384,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
         for r, indices in enumerate(row_words(acc_s)):
             _, m_safe = self.raise_max(r, f16_row_max(words, indices) * scale, is_first, masked)
             top_score = m_safe * CODES_PER_OCTAVE
-            offset = round_down_to_f16(top - top_score - cute.arch.fmax(top_score, -top_score) * CODE_SCALE_ERROR - CODE_MARGIN)
+            margin = cute.arch.fmax(top_score, -top_score) * CODE_SCALE_ERROR + CODE_MARGIN
+            offset = round_down_to_f16(top - top_score - margin)
             codes_in_place(words, indices, code_scale, splat_f16x2(offset))
             if cutlass.const_expr(is_first):
                 row_scale[r] = 1.0
