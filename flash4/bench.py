@@ -26,12 +26,15 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from flash4 import dispatch
 from flash4.report import FLASH4, is_peer
+
+if TYPE_CHECKING:
+    from flash4.quantize import Fp8Tensor
 
 # The sweep of the FlashAttention-3/4 papers: every shape holds the same number of tokens
 # (batch * seqlen) and the same model width (heads * head_dim), so moving along seqlen changes
@@ -307,26 +310,36 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     )
 
 
+def _quantized_qk(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[Fp8Tensor, Fp8Tensor]:
+    """Q and K quantized as flash_attn_fp8 quantizes them without the Hadamard rotation:
+    per tile of the selected row, onto fp8_blocks' code limits (the f16-score kernels)."""
+    from flash4.fp8 import fp8_blocks
+    from flash4.quantize import quantize_fp8
+
+    blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
+    return quantize_fp8(q, blocks.q, False, blocks.q_max), quantize_fp8(k, blocks.kv, False, blocks.k_max)
+
+
 def _flash4_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
     """The FP8 kernel on inputs quantized beforehand as flash_attn_fp8 quantizes them
     (without the Hadamard rotation), V laid out for the kernel beforehand too
     (transpose_fp8_v), as a cache of quantized keys and values keeps them."""
-    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
+    from flash4.fp8 import flash_attn_fp8_quantized
     from flash4.quantize import quantize_fp8, transpose_fp8_v
 
-    blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
-    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), transpose_fp8_v(quantize_fp8(v, None))
+    q8, k8 = _quantized_qk(q, k, causal)
+    v8 = transpose_fp8_v(quantize_fp8(v, None))
     return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 
 def _flash4_fp8_v_per_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
     """As the flash4 FP8 provider, but V given as (batch, seqlen, heads, head_dim), as
     flash_attn_func's e4m3 inputs come: V's layout pass runs on every call."""
-    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
+    from flash4.fp8 import flash_attn_fp8_quantized
     from flash4.quantize import quantize_fp8
 
-    blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
-    q8, k8, v8 = quantize_fp8(q, blocks.q), quantize_fp8(k, blocks.kv), quantize_fp8(v, None)
+    q8, k8 = _quantized_qk(q, k, causal)
+    v8 = quantize_fp8(v, None)
     return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 

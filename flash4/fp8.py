@@ -89,17 +89,21 @@ def flash_attn_fp8(
         )
     # The device's kernel for the problem before any launch: its tiles are the blocks, and a
     # GPU without FP8 kernels is refused before anything is quantized.
+    # Q's and K's codes within code_limits keep Q Kᵀ inside f16, so the kernel holds its
+    # scores there (without an LSE); e4m3 keeps its relative precision at any scale, and
+    # on FlashAttention-3's inputs the outputs erred as with codes to 448 (README, FP8).
+    q_max, k_max = code_limits(problem.head_dim)
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
-        group=problem.group_size,
+        group=problem.group_size, f16_scores=True,
     )
     # The inputs passed check_attention_args, so the quantization kernels take them and what
     # they return is what the FP8 kernel reads: neither quantize_fp8's checks nor
     # check_fp8_args (a quarter of the call's host time) run again.
     with on_device(q.device):
         return _launch(
-            quantize_on_gpu(q, entry.config.tile_m, hadamard),
-            quantize_on_gpu(k, entry.config.tile_n, hadamard),
+            quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max),
+            quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max),
             quantize_fp8_transposed_v(v),
             problem,
             entry,

@@ -225,8 +225,9 @@ def test_flash_attn_fp8_is_the_quantized_call_on_its_quantization(
 ):
     # flash_attn_fp8 skips quantize_fp8's and check_fp8_args's checks (its inputs passed
     # check_attention_args): the same bits out as the documented steps, quantize_fp8 of Q
-    # and K per tile of the selected row, V per tensor into the kernel's layout, then
-    # flash_attn_fp8_quantized. Fresh inputs, a poisoned allocator before each.
+    # and K per tile of the selected row onto its code limits (the f16-score kernels), V
+    # per tensor into the kernel's layout, then flash_attn_fp8_quantized. Fresh inputs, a
+    # poisoned allocator before each.
     from flash4.quantize import quantize_fp8_transposed_v
 
     q = torch.randn(2, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -234,7 +235,7 @@ def test_flash_attn_fp8_is_the_quantized_call_on_its_quantization(
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
     poison_allocator()
     want = flash4.flash_attn_fp8_quantized(
-        flash4.quantize_fp8(q, blocks.q, hadamard), flash4.quantize_fp8(k, blocks.kv, hadamard),
+        flash4.quantize_fp8(q, blocks.q, hadamard, blocks.q_max), flash4.quantize_fp8(k, blocks.kv, hadamard, blocks.k_max),
         quantize_fp8_transposed_v(v), causal=causal, return_lse=return_lse,
     )
     poison_allocator()
@@ -280,7 +281,7 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype, 
     # value the rotated input (torch's rotation, bit for bit) times its descale's
     # reciprocal in float32, rounded to e4m3, exactly; V's layout is the CPU's, byte for
     # byte. float32 at head dim 256 in blocks of 192 rows is read twice (not held).
-    from flash4.quantize import FP8_DTYPE, hadamard_rotate
+    from flash4.quantize import FP8_DTYPE, FP8_MAX, hadamard_rotate
 
     x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
     x[0, 7, 1, 3] = 300.0
@@ -298,7 +299,8 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype, 
         on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
         got_t, want_t = flash4.transpose_fp8_v(got), flash4.transpose_fp8_v(on_cpu)
         assert torch.equal(got_t.values.cpu().view(torch.uint8), want_t.values.view(torch.uint8))
-    if block is None and not hadamard:
+    # The fused V kernel quantizes to e4m3's largest value only: V's codes have no limit.
+    if block is None and not hadamard and fp8_max == FP8_MAX:
         from flash4.quantize import quantize_fp8_transposed_v
 
         fused = quantize_fp8_transposed_v(x)
