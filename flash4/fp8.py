@@ -71,8 +71,9 @@ def flash_attn_fp8(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of bf16/fp16 q, k, v (as ``flash_attn_func`` takes them) computed in FP8:
     Q and K are quantized to e4m3 with one descale per tile of rows of a head (``fp8_blocks``;
-    rotated first when ``hadamard``), V with one descale for the tensor, then the FP8 kernel
-    runs. Returns bf16 ``out`` (and float32 ``lse``). Not differentiable.
+    rotated first when ``hadamard``) onto its code limits (``.q_max``, ``.k_max``: the
+    kernel then holds the scores in f16), V with one descale for the tensor, then the FP8
+    kernel runs. Returns bf16 ``out`` (and float32 ``lse``). Not differentiable.
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
     largest so far, so blocks with smaller descales round P more coarsely; on
@@ -87,12 +88,12 @@ def flash_attn_fp8(
         raise NotImplementedError(
             "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
         )
-    # The device's kernel for the problem before any launch: its tiles are the blocks, and a
-    # GPU without FP8 kernels is refused before anything is quantized.
     # Q's and K's codes within code_limits keep Q Kᵀ inside f16, so the kernel holds its
     # scores there (without an LSE); e4m3 keeps its relative precision at any scale, and
     # on FlashAttention-3's inputs the outputs erred as with codes to 448 (README, FP8).
     q_max, k_max = code_limits(problem.head_dim)
+    # The device's kernel for the problem before any launch: its tiles are the blocks, and a
+    # GPU without FP8 kernels is refused before anything is quantized.
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
         group=problem.group_size, f16_scores=True,
