@@ -71,6 +71,7 @@ def main() -> None:
             out = reference.fp8_blockwise_attention(*kernel_inputs, sum_rounded_p=True, p_by_rounding=by_rounding)[0]
             rows[f"blockwise + hadamard, kernel model, {label}"] = rmse(out)
         rows.update({f"{name} alone": rmse(out) for name, out in rounding_alone(q, k, v).items()})
+        rows.update({name: rmse(out) for name, out in int8_qk(q, k, v).items()})
         print(f"hdim {head_dim}: " + " | ".join(f"{name} {value:.2e}" for name, value in rows.items()), flush=True)
 
 
@@ -97,6 +98,48 @@ def rounding_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[st
             attention(qr, kr, quantize_fp8(v, None, hadamard=True).dequantize()).float()
         ),
         "P rounding": reference.fp8_attention(exact(qr, True), exact(kr, True), exact(v, False)),
+    }
+
+
+INT8_MAX = 127
+
+
+def int8_rounded(x: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+    """``x`` rounded to int8 codes (symmetric, to ±127) and scaled back: one scale per
+    BLOCK rows of each head, or with ``per_head`` one per (batch, head)."""
+    batch, seqlen, heads, head_dim = x.shape
+    if per_head:
+        amax = x.abs().amax(dim=(1, 3), keepdim=True)
+    else:
+        rows = x.abs().amax(dim=-1).reshape(batch, seqlen // BLOCK, BLOCK, heads).amax(dim=2)
+        amax = rows.repeat_interleave(BLOCK, dim=1).unsqueeze(-1)
+    step = amax / INT8_MAX
+    return torch.round(x / step).clamp(-INT8_MAX, INT8_MAX) * step
+
+
+def int8_qk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Q and K rotated, then rounded to int8 for an s8 S GEMM (accumulating in s32), P and
+    V e4m3 as in the kernel (P per row onto 448, V per tensor). After the rotation the
+    values are near-Gaussian, and int8's 255 even steps over a block's range round them
+    about 3x finer than e4m3's three mantissa bits do. With K per head (one scale for
+    every key block), raw s32 scores compare across key blocks, as a kernel's running
+    max in integers would need."""
+    if q.shape[1] % BLOCK or k.shape[1] % BLOCK:
+        raise ValueError(f"int8_qk: seqlens must be multiples of {BLOCK}")
+    qr, kr = hadamard_rotate(q), hadamard_rotate(k)
+    one = torch.ones((), device=q.device)
+
+    def exact(x: torch.Tensor, rotated: bool) -> Fp8Tensor:
+        return Fp8Tensor(x.float(), one, None, rotated)
+
+    v_e4m3 = quantize_fp8(v, None).dequantize()
+    q8, k8 = int8_rounded(qr), int8_rounded(kr)
+    return {
+        "Q, K int8 rounding alone": reference.attention(q8, k8, v, compute_dtype=torch.float64)[0],
+        "Q, K int8, P and V e4m3": reference.fp8_attention(exact(q8, True), exact(k8, True), exact(v_e4m3, False)),
+        "Q int8, K int8 per head, P and V e4m3": reference.fp8_attention(
+            exact(q8, True), exact(int8_rounded(kr, per_head=True), True), exact(v_e4m3, False)
+        ),
     }
 
 
