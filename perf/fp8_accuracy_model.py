@@ -75,16 +75,17 @@ def main() -> None:
         print(f"hdim {head_dim}: " + " | ".join(f"{name} {value:.2e}" for name, value in rows.items()), flush=True)
 
 
+def unrounded(x: torch.Tensor, rotated: bool) -> Fp8Tensor:
+    """``x`` as it is behind the Fp8Tensor interface (descale 1), for the model to take
+    values rounded elsewhere, or not at all."""
+    return Fp8Tensor(x.float(), torch.ones((), device=x.device), None, rotated)
+
+
 def rounding_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
     """Blockwise + Hadamard FP8 with one rounding at a time, the rest exact: which one sets
     the error's floor. Q and K are rotated throughout (their scores unchanged)."""
     qr, kr = hadamard_rotate(q), hadamard_rotate(k)
     qh, kh = (quantize_fp8(t, BLOCK, hadamard=True).dequantize() for t in (q, k))
-    one = torch.ones((), device=q.device)
-
-    def exact(x: torch.Tensor, rotated: bool) -> Fp8Tensor:
-        # Unrounded values behind the Fp8Tensor interface (descale 1).
-        return Fp8Tensor(x.float(), one, None, rotated)
 
     def attention(qx: torch.Tensor, kx: torch.Tensor, vx: torch.Tensor) -> torch.Tensor:
         return reference.attention(qx, kx, vx, compute_dtype=torch.float64)[0]
@@ -97,7 +98,7 @@ def rounding_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[st
         "V rounding, V rotated": hadamard_unrotate(
             attention(qr, kr, quantize_fp8(v, None, hadamard=True).dequantize()).float()
         ),
-        "P rounding": reference.fp8_attention(exact(qr, True), exact(kr, True), exact(v, False)),
+        "P rounding": reference.fp8_attention(unrounded(qr, True), unrounded(kr, True), unrounded(v, False)),
     }
 
 
@@ -127,18 +128,15 @@ def int8_qk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torc
     if q.shape[1] % BLOCK or k.shape[1] % BLOCK:
         raise ValueError(f"int8_qk: seqlens must be multiples of {BLOCK}")
     qr, kr = hadamard_rotate(q), hadamard_rotate(k)
-    one = torch.ones((), device=q.device)
-
-    def exact(x: torch.Tensor, rotated: bool) -> Fp8Tensor:
-        return Fp8Tensor(x.float(), one, None, rotated)
-
     v_e4m3 = quantize_fp8(v, None).dequantize()
     q8, k8 = int8_rounded(qr), int8_rounded(kr)
     return {
         "Q, K int8 rounding alone": reference.attention(q8, k8, v, compute_dtype=torch.float64)[0],
-        "Q, K int8, P and V e4m3": reference.fp8_attention(exact(q8, True), exact(k8, True), exact(v_e4m3, False)),
+        "Q, K int8, P and V e4m3": reference.fp8_attention(
+            unrounded(q8, True), unrounded(k8, True), unrounded(v_e4m3, False)
+        ),
         "Q int8, K int8 per head, P and V e4m3": reference.fp8_attention(
-            exact(q8, True), exact(int8_rounded(kr, per_head=True), True), exact(v_e4m3, False)
+            unrounded(q8, True), unrounded(int8_rounded(kr, per_head=True), True), unrounded(v_e4m3, False)
         ),
     }
 
