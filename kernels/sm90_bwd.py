@@ -92,12 +92,73 @@ class KeyBlock:
 
 
 @dataclass(frozen=True)
-class RowInputs:
-    """Per query row, from the preprocess: LSE·log2(e) and D, staged in shared memory with
-    the query block's Q and dO tiles, as (tile_m, stages)."""
+class QueryHeads:
+    """The query heads a CTA walks over its key block: its own, or (kv_group_in_cta) the
+    ``count`` heads of its kv head's group from ``first`` on."""
 
-    lse_log2: cute.Tensor
-    delta: cute.Tensor
+    first: Int32
+    count: Any  # 1, or the group's size (Int32)
+    batch: Int32
+
+
+@dataclass(frozen=True)
+class BackwardLoads:
+    """What the producer reads: the TMA views of Q, K, V, dO and of the preprocess's per-row
+    LSE·log2(e) and D, and their copy atoms."""
+
+    mQ: cute.Tensor
+    mK: cute.Tensor
+    mV: cute.Tensor
+    mdO: cute.Tensor
+    mLSELog2: cute.Tensor
+    mD: cute.Tensor
+    atom_q: cute.CopyAtom
+    atom_k: cute.CopyAtom
+    atom_v: cute.CopyAtom
+    atom_do: cute.CopyAtom
+    atom_lse: cute.CopyAtom
+    atom_delta: cute.CopyAtom
+
+
+@dataclass(frozen=True)
+class BackwardRings:
+    """The shared-memory rings and their buffers: K and V (one stage, loaded once per key
+    block); Q with its rows' LSE·log2(e) (``sLSE``) and dO with its rows' D (``sD``), each
+    row buffer (tile_m, stages) on its tile's barrier."""
+
+    kv: Any
+    q: Any
+    do: Any
+    sK: cute.Tensor
+    sV: cute.Tensor
+    sQ: cute.Tensor
+    sdO: cute.Tensor
+    sLSE: cute.Tensor
+    sD: cute.Tensor
+
+
+@dataclass(frozen=True)
+class DQOutputs:
+    """Where dQ goes: the consumers' shared-memory tile, the fp32 accumulator the store warp
+    adds it into, its ticket or turn counters and the postprocess's per-head count (each
+    None where the configuration has none)."""
+
+    sdQ: cute.Tensor
+    mdQAccum: cute.Tensor
+    mdQCounters: Optional[cute.Tensor]
+    mdQReady: Optional[cute.Tensor]
+
+
+@dataclass(frozen=True)
+class KVOutputs:
+    """Where dK and dV go: TMA stores (their atoms), or (kv_accumulate) fp32 accumulators
+    with, deterministic, their turn counters."""
+
+    mdK: cute.Tensor
+    mdV: cute.Tensor
+    atom_dk: Optional[cute.CopyAtom]
+    atom_dv: Optional[cute.CopyAtom]
+    mdKVTurns: Optional[cute.Tensor]
 
 
 @dataclass(frozen=True)
@@ -344,58 +405,56 @@ class Sm90BackwardKernel:
             # Key blocks last to first (see bwd_blocks.dq_turn_rank).
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        kv_ring = make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads)
-        q_ring = make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads)
-        do_ring = make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        rings = BackwardRings(
+            kv=make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads),
+            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads),
+            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads),
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
+            sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            sLSE=storage.sLSE.get_tensor(self.row_ring_layout(self.config.q_stages)),
+            sD=storage.sD.get_tensor(self.row_ring_layout(self.config.do_stages)),
+        )
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        sLSE = storage.sLSE.get_tensor(self.row_ring_layout(self.config.q_stages))
-        sD = storage.sD.get_tensor(self.row_ring_layout(self.config.do_stages))
         finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-        # The query heads this CTA walks: its own, or (kv_group_in_cta) its kv head's group.
-        first_head, heads_walked = head, 1
+        heads = QueryHeads(head, 1, batch)
         if cutlass.const_expr(self.config.kv_group_in_cta):
-            first_head, heads_walked = head * heads_per_kv_head, heads_per_kv_head
+            heads = QueryHeads(head * heads_per_kv_head, heads_per_kv_head, batch)
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                produce = (mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
-                           sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, first_head, heads_walked, batch)
+                loads = BackwardLoads(mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta)
                 kv_state = producer_state(1)
                 q_state = producer_state(self.config.q_stages)
                 do_state = producer_state(self.config.do_stages)
-                kv_state, q_state, do_state = self.produce(*produce, n_block, m_begin, m_end, kv_state, q_state,
-                                                           do_state)
+                kv_state, q_state, do_state = self.produce(loads, rings, heads, n_block, m_begin, m_end, kv_state,
+                                                           q_state, do_state)
                 if cutlass.const_expr(self.config.mirror_pairs):
                     mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
                     if mirror > n_block:
-                        self.produce(*produce, mirror, begin, end, kv_state, q_state, do_state)
+                        self.produce(loads, rings, heads, mirror, begin, end, kv_state, q_state, do_state)
             if warp_idx == DQ_STORE_WARP:
-                store = (sdQ, mdQAccum, mdQCounters, mdQReady, first_head, heads_walked, batch, seqlen_q, seqlen_k)
-                self.store_key_block(*store, n_block, m_begin, m_end)
+                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady)
+                self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, n_block, m_begin, m_end)
                 if cutlass.const_expr(self.config.mirror_pairs):
                     mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
                     if mirror > n_block:
-                        self.store_key_block(*store, mirror, begin, end)
+                        self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, mirror, begin, end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             group = mQ.shape[2] // mK.shape[2]
-            kv_head = first_head // group
-            block = KeyBlock(n_block, first_head, kv_head, first_head - kv_head * group, batch, seqlen_q, seqlen_k)
-            self.consume(
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
-                kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
-                softmax_scale, block, heads_walked, m_begin, m_end, tidx,
-            )
+            kv_head = heads.first // group
+            block = KeyBlock(n_block, heads.first, kv_head, heads.first - kv_head * group, batch, seqlen_q, seqlen_k)
+            ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, tidx)
+            kv_out = KVOutputs(mdK, mdV, atom_dk, atom_dv, mdKVTurns)
+            self.consume(ops, rings, sdQ, kv_out, softmax_scale, block, heads.count, m_begin, m_end, tidx)
 
     def mirror_walk(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """mirror_pairs: the key block walked after ``n_block``, and its query blocks."""
@@ -403,85 +462,83 @@ class Sm90BackwardKernel:
         return (mirror, *query_block_range(mirror, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal))
 
     @cute.jit
-    def store_key_block(self, sdQ, mdQAccum, mdQCounters, mdQReady, first_head: Int32, heads_walked, batch: Int32,
-                        seqlen_q: Int32, seqlen_k: Int32, n_block: Int32, m_begin: Int32, m_end: Int32):
+    def store_key_block(self, dq_out: DQOutputs, heads: QueryHeads, seqlen_q: Int32, seqlen_k: Int32, n_block: Int32,
+                        m_begin: Int32, m_end: Int32):
         """The store warp's work for one key block: each walked head's dQ, then the
         postprocess's count."""
         store_warp = DQStoreWarp(self.config, self.rotate)
+        walk = (n_block, seqlen_q, seqlen_k, m_begin, m_end)
         if cutlass.const_expr(self.config.kv_group_in_cta):
-            for g in cutlass.range(heads_walked, unroll=1):
-                self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, None, n_block, first_head + g, batch,
-                              seqlen_q, seqlen_k, m_begin, m_end)
+            for g in cutlass.range(heads.count, unroll=1):
+                self.store_dq(store_warp, dq_out, heads.first + g, heads.batch, *walk, signal=False)
             # Counted once every walk is done: between two walks the wait for the
             # landing would hold back the next head's first dQ hand-over.
-            if cutlass.const_expr(mdQReady is not None):
-                self.signal_walks(mdQReady, first_head, heads_walked, batch)
+            if cutlass.const_expr(dq_out.mdQReady is not None):
+                self.signal_walks(dq_out.mdQReady, heads)
         else:
-            self.store_dq(store_warp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block, first_head, batch,
-                          seqlen_q, seqlen_k, m_begin, m_end)
+            self.store_dq(store_warp, dq_out, heads.first, heads.batch, *walk, signal=True)
 
     @cute.jit
-    def signal_walks(self, mdQReady, first_head: Int32, heads_walked, batch: Int32):
+    def signal_walks(self, mdQReady: cute.Tensor, heads: QueryHeads):
         """kv_group_in_cta, the store warp: count this key block for each walked head's
         postprocess."""
-        for g in cutlass.range(heads_walked, unroll=1):
-            DQStoreWarp(self.config, self.rotate).signal_ready(mdQReady, first_head + g, batch)
+        for g in cutlass.range(heads.count, unroll=1):
+            DQStoreWarp(self.config, self.rotate).signal_ready(mdQReady, heads.first + g, heads.batch)
 
     @cute.jit
-    def store_dq(self, store_warp: DQStoreWarp, sdQ, mdQAccum, mdQCounters, mdQReady, n_block: Int32, head: Int32,
-                 batch: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32, m_end: Int32):
-        """The store warp's work for one query head's walk over this key block."""
+    def store_dq(self, store_warp: DQStoreWarp, dq_out: DQOutputs, head: Int32, batch: Int32, n_block: Int32,
+                 seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32, m_end: Int32, signal: cutlass.Constexpr[bool]):
+        """The store warp's work for one query head's walk over this key block; with
+        ``signal``, its count for the postprocess after it."""
         dq_counters = None
-        if cutlass.const_expr(mdQCounters is not None):
-            dq_counters = mdQCounters[None, head, batch]
-        dq_out = DQReduction(sdQ, mdQAccum[None, None, head, batch], dq_counters)
-        store_warp.run(dq_out, n_block, seqlen_q, seqlen_k, m_begin, m_end)
-        if cutlass.const_expr(mdQReady is not None):
-            store_warp.signal_ready(mdQReady, head, batch)
+        if cutlass.const_expr(dq_out.mdQCounters is not None):
+            dq_counters = dq_out.mdQCounters[None, head, batch]
+        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters)
+        store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+        if cutlass.const_expr(signal and dq_out.mdQReady is not None):
+            store_warp.signal_ready(dq_out.mdQReady, head, batch)
 
     # ------------------------------------------------------------------ producer
     @cute.jit
     def produce(
-        self, mQ, mK, mV, mdO, mLSELog2, mD, atom_q, atom_k, atom_v, atom_do, atom_lse, atom_delta,
-        sQ, sK, sV, sdO, sLSE, sD, kv_ring, q_ring, do_ring, first_head: Int32, heads_walked, batch: Int32,
-        n_block: Int32, m_begin: Int32, m_end: Int32, kv_state, q_state, do_state,
+        self, loads: BackwardLoads, rings: BackwardRings, heads: QueryHeads, n_block: Int32, m_begin: Int32,
+        m_end: Int32, kv_state, q_state, do_state,
     ):
         """The producer's loads for one key block: its K and V, then each walked head's
         query blocks; returns the rings' states after them."""
-        kv_ring.producer_acquire(kv_state)
-        kv_head = first_head // (mQ.shape[2] // mK.shape[2])
-        gK, gV = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
-        self.load_tile(atom_k, sK, gK, self.tile_n, n_block, kv_ring, kv_state)
-        self.load_tile(atom_v, sV, gV, self.tile_n, n_block, kv_ring, kv_state)
-        key_blocks = cute.ceil_div(mK.shape[0], self.tile_n)
-        walk = (mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring, do_ring)
+        rings.kv.producer_acquire(kv_state)
+        kv_head = heads.first // (loads.mQ.shape[2] // loads.mK.shape[2])
+        gK, gV = (t[None, None, kv_head, heads.batch] for t in (loads.mK, loads.mV))
+        self.load_tile(loads.atom_k, rings.sK, gK, self.tile_n, n_block, rings.kv, kv_state)
+        self.load_tile(loads.atom_v, rings.sV, gV, self.tile_n, n_block, rings.kv, kv_state)
+        key_blocks = cute.ceil_div(loads.mK.shape[0], self.tile_n)
+        walk = (loads, rings, n_block, key_blocks)
         if cutlass.const_expr(self.config.kv_group_in_cta):
-            for g in cutlass.range(heads_walked, unroll=1):
-                q_state, do_state = self.load_walk(*walk, n_block, key_blocks, first_head + g, batch, m_begin, m_end,
-                                                   q_state, do_state)
+            for g in cutlass.range(heads.count, unroll=1):
+                q_state, do_state = self.load_walk(*walk, heads.first + g, heads.batch, m_begin, m_end, q_state,
+                                                   do_state)
         else:
-            q_state, do_state = self.load_walk(*walk, n_block, key_blocks, first_head, batch, m_begin, m_end,
-                                               q_state, do_state)
+            q_state, do_state = self.load_walk(*walk, heads.first, heads.batch, m_begin, m_end, q_state, do_state)
         kv_state.advance()
         return kv_state, q_state, do_state
 
     @cute.jit
-    def load_walk(self, mQ, mdO, mLSELog2, mD, atom_q, atom_do, atom_lse, atom_delta, sQ, sdO, sLSE, sD, q_ring,
-                  do_ring, n_block: Int32, key_blocks: Int32, head: Int32, batch: Int32, m_begin: Int32, m_end: Int32,
-                  q_state, do_state):
+    def load_walk(self, loads: BackwardLoads, rings: BackwardRings, n_block: Int32, key_blocks: Int32, head: Int32,
+                  batch: Int32, m_begin: Int32, m_end: Int32, q_state, do_state):
         """One query head's Q, dO, LSE and D tiles for this key block's walk; returns the
         rings' states after them."""
+        gQ, gdO = (t[None, None, head, batch] for t in (loads.mQ, loads.mdO))
+        gLSE, gD = (t[None, head, batch] for t in (loads.mLSELog2, loads.mD))
         for step in cutlass.range(m_begin, m_end, unroll=1):
             m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
-            q_ring.producer_acquire(q_state)
-            self.load_tile(atom_q, sQ[None, None, q_state.index], mQ[None, None, head, batch], self.tile_m, m_block,
-                           q_ring, q_state)
-            self.load_rows(atom_lse, sLSE[None, q_state.index], mLSELog2[None, head, batch], m_block, q_ring, q_state)
+            rings.q.producer_acquire(q_state)
+            self.load_tile(loads.atom_q, rings.sQ[None, None, q_state.index], gQ, self.tile_m, m_block, rings.q, q_state)
+            self.load_rows(loads.atom_lse, rings.sLSE[None, q_state.index], gLSE, m_block, rings.q, q_state)
             q_state.advance()
-            do_ring.producer_acquire(do_state)
-            self.load_tile(atom_do, sdO[None, None, do_state.index], mdO[None, None, head, batch], self.tile_m,
-                           m_block, do_ring, do_state)
-            self.load_rows(atom_delta, sD[None, do_state.index], mD[None, head, batch], m_block, do_ring, do_state)
+            rings.do.producer_acquire(do_state)
+            self.load_tile(loads.atom_do, rings.sdO[None, None, do_state.index], gdO, self.tile_m, m_block, rings.do,
+                           do_state)
+            self.load_rows(loads.atom_delta, rings.sD[None, do_state.index], gD, m_block, rings.do, do_state)
             do_state.advance()
         return q_state, do_state
 
@@ -504,21 +561,17 @@ class Sm90BackwardKernel:
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def consume(
-        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, sdQ, sLSE, sD,
-        kv_ring, q_ring, do_ring, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
+        self, ops: BackwardOperands, rings: BackwardRings, sdQ: cute.Tensor, kv_out: KVOutputs,
         softmax_scale: Float32, block: KeyBlock, heads_walked, m_begin: Int32, m_end: Int32, tidx: Int32,
     ):
         """A consumer thread: every query block's GEMMs for this key block (of each query
         head it walks, from ``block.head`` on), then dK, dV; with mirror_pairs, the same
         for the mirror key block."""
-        ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx)
-        rows = RowInputs(sLSE, sD)
         scale_log2 = softmax_scale * math.log2(math.e)
         kv_state = consumer_state(1)
         q_state = consumer_state(self.config.q_stages)
         do_state = consumer_state(self.config.do_stages)
-        consume = (ops, kv_ring, q_ring, do_ring, rows, sdQ, sK, sV, mdKVTurns, mdK, mdV, atom_dk, atom_dv,
-                   softmax_scale, scale_log2, heads_walked, tidx)
+        consume = (ops, rings, sdQ, kv_out, softmax_scale, scale_log2, heads_walked, tidx)
         if cutlass.const_expr(self.config.mirror_pairs):
             kv_state, q_state, do_state = self.consume_key_block(
                 *consume, block, m_begin, m_end, Int32(0), kv_state, q_state, do_state
@@ -535,9 +588,9 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def consume_key_block(
-        self, ops: BackwardOperands, kv_ring, q_ring, do_ring, rows: RowInputs, sdQ, sK, sV, mdKVTurns, mdK, mdV,
-        atom_dk, atom_dv, softmax_scale: Float32, scale_log2: Float32, heads_walked, tidx: Int32, block: KeyBlock,
-        m_begin: Int32, m_end: Int32, ds_offset: Optional[Int32], kv_state, q_state, do_state,
+        self, ops: BackwardOperands, rings: BackwardRings, sdQ: cute.Tensor, kv_out: KVOutputs,
+        softmax_scale: Float32, scale_log2: Float32, heads_walked, tidx: Int32, block: KeyBlock, m_begin: Int32,
+        m_end: Int32, ds_offset: Optional[Int32], kv_state, q_state, do_state,
     ):
         """One key block: its walks, then its dK and dV; returns the rings' states after
         it. ``ds_offset``: added to each step's index to pick its dSᵀ buffer (mirror_pairs;
@@ -545,11 +598,11 @@ class Sm90BackwardKernel:
         if cutlass.const_expr(self.config.mirror_pairs):
             ops.acc_dv.fill(0.0)
             ops.acc_dk.fill(0.0)
-        kv_ring.consumer_wait(kv_state)
+        rings.kv.consumer_wait(kv_state)
         masked_end = masked_block_end(
             block.n_block, m_begin, m_end, block.seqlen_q, block.seqlen_k, self.tile_m, self.tile_n, self.causal
         )
-        walk = (ops, q_ring, do_ring, rows, sdQ, m_begin, masked_end, m_end, scale_log2, tidx)
+        walk = (ops, rings, sdQ, m_begin, masked_end, m_end, scale_log2, tidx)
         if cutlass.const_expr(self.config.kv_group_in_cta):
             for g in cutlass.range(heads_walked, unroll=1):
                 head_block = KeyBlock(
@@ -563,16 +616,16 @@ class Sm90BackwardKernel:
         else:
             q_state, do_state = self.walk(*walk, block, ds_offset, q_state, do_state)
         # dK and dV: of the kv head, which the walks' query heads share.
-        self.epilogue(ops, softmax_scale, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv, block, tidx)
+        self.epilogue(ops, softmax_scale, rings, kv_out, block, tidx)
         if cutlass.const_expr(self.config.mirror_pairs):
             # Each thread is done with K's and V's buffers: its GEMMs have completed, and
             # thread 0 arrives once the TMA store of dK and dV has read them.
-            kv_ring.consumer_release(kv_state)
+            rings.kv.consumer_release(kv_state)
         kv_state.advance()
         return kv_state, q_state, do_state
 
     @cute.jit
-    def walk(self, ops: BackwardOperands, q_ring, do_ring, rows: RowInputs, sdQ, m_begin: Int32, masked_end: Int32,
+    def walk(self, ops: BackwardOperands, rings: BackwardRings, sdQ: cute.Tensor, m_begin: Int32, masked_end: Int32,
              m_end: Int32, scale_log2: Float32, tidx: Int32, block: KeyBlock, ds_offset: Optional[Int32], q_state,
              do_state):
         """One query head's walk over the query blocks that see this key block, the masked
@@ -585,8 +638,8 @@ class Sm90BackwardKernel:
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
                 m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
-                self.step(ops, q_ring, do_ring, q_state, do_state, rows, sdQ, block, m_block,
-                          self.ds_stage(step, ds_offset), scale_log2, tidx, masked, step == m_begin)
+                self.step(ops, rings, q_state, do_state, sdQ, block, m_block, self.ds_stage(step, ds_offset),
+                          scale_log2, tidx, masked, step == m_begin)
                 q_state.advance()
                 do_state.advance()
         if cutlass.const_expr(self.staggered):
@@ -616,13 +669,15 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def consumer_operands(
-        self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sK, sV, sdO, sdS, sP, tidx: Int32
+        self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+        rings: BackwardRings, sdS: cute.Tensor, sP: Optional[cute.Tensor], tidx: Int32,
     ) -> BackwardOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
         wg_sdp = tiled_mma_sdp.get_slice(wg_threads(warpgroup_idx))
         wg_dkv = tiled_mma_dkv.get_slice(wg_threads(warpgroup_idx))
         d, tile_m, tile_n = self.head_dim, self.tile_m, self.tile_n
+        sQ, sK, sV, sdO = rings.sQ, rings.sK, rings.sV, rings.sdO
         wg_dq = tiled_mma_dq.get_slice(wg_threads(warpgroup_idx))
         # Transposed views (B operands read with head_dim contiguous, dQ's A operand with
         # queries contiguous): the same swizzled bytes in another index order.
@@ -669,11 +724,9 @@ class Sm90BackwardKernel:
     def step(
         self,
         ops: BackwardOperands,
-        q_ring,
-        do_ring,
+        rings: BackwardRings,
         q_state,
         do_state,
-        rows: RowInputs,
         sdQ: cute.Tensor,
         block: KeyBlock,
         m_block: Int32,
@@ -685,8 +738,7 @@ class Sm90BackwardKernel:
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
         ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step."""
-        self.p_and_ds(ops, q_ring, do_ring, q_state, do_state, rows, block, m_block, ds_stage, scale_log2, masked,
-                      first)
+        self.p_and_ds(ops, rings, q_state, do_state, block, m_block, ds_stage, scale_log2, masked, first)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
             # One Q and one dO stage: each is freed as soon as its last GEMM is done, so the
@@ -701,9 +753,9 @@ class Sm90BackwardKernel:
             )
             warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
             warpgroup.wait_group(2)
-            q_ring.consumer_release(q_state)
+            rings.q.consumer_release(q_state)
             warpgroup.wait_group(1)
-            do_ring.consumer_release(do_state)
+            rings.do.consumer_release(do_state)
             warpgroup.wait_group(0)
             self.write_dq(ops, acc_dq, sdQ)
             self.publish_dq(ops)
@@ -720,17 +772,17 @@ class Sm90BackwardKernel:
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
-            do_ring.consumer_release(do_state)
+            rings.do.consumer_release(do_state)
             if dq_due:
                 self.write_dq(ops, acc_dq, sdQ)
                 self.publish_dq(ops)
             warpgroup.wait_group(0)
-            q_ring.consumer_release(q_state)
+            rings.q.consumer_release(q_state)
 
     @cute.jit
     def probabilities(
-        self, ops: BackwardOperands, acc_st: cute.Tensor, rows: RowInputs, q_state, block: KeyBlock, m_block: Int32,
-        scale_log2: Float32, masked: cutlass.Constexpr[bool],
+        self, ops: BackwardOperands, acc_st: cute.Tensor, sLSE: cute.Tensor, q_state, block: KeyBlock,
+        m_block: Int32, scale_log2: Float32, masked: cutlass.Constexpr[bool],
     ):
         """Sᵀ into Pᵀ = exp2(Sᵀ · scale · log2(e) − lse_log2) in place, masked keys 0. Each
         column's statistic is read from shared memory where it is used: holding all of this
@@ -739,7 +791,7 @@ class Sm90BackwardKernel:
         c = acc_rows_cols(ops.st_coords)
         st = acc_rows_cols(acc_st)
         for j in cutlass.range_constexpr(cute.size(c, mode=[1])):
-            lse_log2_j = rows.lse_log2[c[0, j][1], q_state.index]
+            lse_log2_j = sLSE[c[0, j][1], q_state.index]
             for i in cutlass.range_constexpr(cute.size(st, mode=[0])):
                 key = block.n_block * self.tile_n + c[i, 0][0]
                 score = st[i, j]
@@ -753,9 +805,8 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def p_and_ds(
-        self, ops: BackwardOperands, q_ring, do_ring, q_state, do_state, rows: RowInputs, block: KeyBlock,
-        m_block: Int32, ds_stage: Int32, scale_log2: Float32, masked: cutlass.Constexpr[bool],
-        first: cutlass.Boolean,
+        self, ops: BackwardOperands, rings: BackwardRings, q_state, do_state, block: KeyBlock, m_block: Int32,
+        ds_stage: Int32, scale_log2: Float32, masked: cutlass.Constexpr[bool], first: cutlass.Boolean,
     ):
         """Sᵀ and dPᵀ of this warpgroup's keys (or, head-dim split, queries), Pᵀ and dSᵀ;
         dV's GEMM issued from registers (keys) or Pᵀ and dSᵀ in shared memory (split)."""
@@ -763,16 +814,16 @@ class Sm90BackwardKernel:
             if ops.warpgroup_idx == 1:
                 # Half a step behind: this block's dSᵀ rows of warpgroup 0 are written.
                 self.wait_ds_written(0)
-        q_ring.consumer_wait(q_state)
+        rings.q.consumer_wait(q_state)
         acc_st = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_st, ops.tSrK, ops.tSrQ[None, None, None, q_state.index], True)
-        do_ring.consumer_wait(do_state)
+        rings.do.consumer_wait(do_state)
         acc_dpt = cute.make_rmem_tensor(ops.st_shape, Float32)
         warpgroup_gemm(ops.tiled_mma_sdp, acc_dpt, ops.tdPrV, ops.tdPrdO[None, None, None, do_state.index], True)
 
         # Pᵀ once Sᵀ is done, while dPᵀ still runs.
         warpgroup.wait_group(1)
-        self.probabilities(ops, acc_st, rows, q_state, block, m_block, scale_log2, masked)
+        self.probabilities(ops, acc_st, rings.sLSE, q_state, block, m_block, scale_log2, masked)
         st = acc_rows_cols(acc_st)
         c = acc_rows_cols(ops.st_coords)
         if cutlass.const_expr(not self.split):
@@ -781,7 +832,7 @@ class Sm90BackwardKernel:
         warpgroup.wait_group(0)
         dpt = acc_rows_cols(acc_dpt)
         for j in cutlass.range_constexpr(cute.size(c, mode=[1])):
-            delta_j = rows.delta[c[0, j][1], do_state.index]
+            delta_j = rings.sD[c[0, j][1], do_state.index]
             for i in cutlass.range_constexpr(cute.size(dpt, mode=[0])):
                 dpt[i, j] = st[i, j] * (dpt[i, j] - delta_j)
 
@@ -852,22 +903,22 @@ class Sm90BackwardKernel:
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, mdKVTurns, atom_dk, atom_dv,
+    def epilogue(self, ops: BackwardOperands, softmax_scale: Float32, rings: BackwardRings, kv_out: KVOutputs,
                  block: KeyBlock, tidx: Int32):
         """dK (times the softmax scale) and dV: stored, or added into shared accumulators
         (deterministic: by the query heads of a group in head order)."""
         if cutlass.const_expr(self.config.kv_accumulate):
             turn = None
-            if cutlass.const_expr(mdKVTurns is not None):
-                turn = mdKVTurns[None, block.kv_head, block.batch].iterator + block.n_block
+            if cutlass.const_expr(kv_out.mdKVTurns is not None):
+                turn = kv_out.mdKVTurns[None, block.kv_head, block.batch].iterator + block.n_block
                 if tidx == 0:
                     wait_for_turn(turn, block.rank_in_group)
                 cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=self.consumer_threads)
             coords = ops.tiled_mma_dkv.get_slice(tidx).partition_C(
                 cute.make_identity_tensor((self.tile_n, self.head_dim))
             )
-            dk_rows = mdK[None, None, block.kv_head, block.batch]
-            dv_rows = mdV[None, None, block.kv_head, block.batch]
+            dk_rows = kv_out.mdK[None, None, block.kv_head, block.batch]
+            dv_rows = kv_out.mdV[None, None, block.kv_head, block.batch]
             pair = cute.make_rmem_tensor(2, Float32)
             for i in cutlass.range_constexpr(cute.size(ops.acc_dk) // 2):
                 key, col = coords[2 * i]
@@ -879,7 +930,7 @@ class Sm90BackwardKernel:
                     pair[0] = ops.acc_dv[2 * i]
                     pair[1] = ops.acc_dv[2 * i + 1]
                     self.add_pair(dv_rows.iterator + cute.crd2idx((key, col), dv_rows.layout), pair)
-            if cutlass.const_expr(mdKVTurns is not None):
+            if cutlass.const_expr(kv_out.mdKVTurns is not None):
                 # Every thread's additions are performed before the one thread passes the
                 # turn (its release covers what the barrier ordered before it).
                 cute.arch.fence_acq_rel_gpu()
@@ -887,11 +938,11 @@ class Sm90BackwardKernel:
                 if tidx == 0:
                     pass_turn(turn)
         else:
-            self.store_dkv(ops, softmax_scale, sK, sV, mdK, mdV, atom_dk, atom_dv, block, tidx)
+            self.store_dkv(ops, softmax_scale, rings.sK, rings.sV, kv_out, block, tidx)
 
     @cute.jit
-    def store_dkv(self, ops: BackwardOperands, softmax_scale: Float32, sK, sV, mdK, mdV, atom_dk, atom_dv,
-                  block: KeyBlock, tidx: Int32):
+    def store_dkv(self, ops: BackwardOperands, softmax_scale: Float32, sK: cute.Tensor, sV: cute.Tensor,
+                  kv_out: KVOutputs, block: KeyBlock, tidx: Int32):
         """dK and dV through K's and V's buffers, then TMA."""
         store = cute.make_tiled_copy_C(
             sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32), ops.tiled_mma_dkv
@@ -912,9 +963,9 @@ class Sm90BackwardKernel:
             # A CTA per query head stores dK and dV of its head (MHA); one walking a group, of
             # the group's kv head.
             head = block.kv_head if cutlass.const_expr(self.config.kv_group_in_cta) else block.head
-            sdk, gdk = tma_tile(atom_dk, sK, mdK[None, None, head, block.batch], tile, block.n_block)
-            cute.copy(atom_dk, sdk, gdk)
-            sdv, gdv = tma_tile(atom_dv, sV, mdV[None, None, head, block.batch], tile, block.n_block)
-            cute.copy(atom_dv, sdv, gdv)
+            sdk, gdk = tma_tile(kv_out.atom_dk, sK, kv_out.mdK[None, None, head, block.batch], tile, block.n_block)
+            cute.copy(kv_out.atom_dk, sdk, gdk)
+            sdv, gdv = tma_tile(kv_out.atom_dv, sV, kv_out.mdV[None, None, head, block.batch], tile, block.n_block)
+            cute.copy(kv_out.atom_dv, sdv, gdv)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
