@@ -101,6 +101,17 @@ class Loads:
 
 
 @dataclass(frozen=True)
+class Outputs:
+    """Where a tile's results go: O through the shared-memory slab ``sO`` by TMA (``atom_o``)
+    into ``mO``, and LSE into ``mLSE`` (None: not written)."""
+
+    sO: cute.Tensor
+    mO: cute.Tensor
+    mLSE: Optional[cute.Tensor]
+    atom_o: cute.CopyAtom
+
+
+@dataclass(frozen=True)
 class Tile:
     """This CTA's work: one query block of one head, and how many key blocks it sees."""
 
@@ -419,8 +430,8 @@ class Sm90ForwardKernel:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
-                tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, (mQDescale, mKDescale, mVDescale),
-                tma_atom_O, scheduler, queue, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
+                tiled_mma_qk, tiled_mma_pv, rings, Outputs(sO, mO, mLSE, tma_atom_O), (mQDescale, mKDescale, mVDescale),
+                scheduler, queue, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
         if cutlass.const_expr(ctas > 1):
             finish_cluster()
@@ -479,11 +490,8 @@ class Sm90ForwardKernel:
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         rings: Rings,
-        sO: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
+        outputs: Outputs,
         descales: tuple,
-        tma_atom_O: cute.CopyAtom,
         scheduler: TileScheduler,
         queue: Optional[TileQueue],
         seqlen_q: Int32,
@@ -501,8 +509,8 @@ class Sm90ForwardKernel:
             pingpong.start()
         q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
-        tile_args = (tiled_mma_qk, tiled_mma_pv, rings, sO, mO, mLSE, descales, tma_atom_O, scheduler, seqlen_q,
-                     seqlen_k, softmax_scale_log2, pingpong, warpgroup_idx, tidx)
+        tile_args = (tiled_mma_qk, tiled_mma_pv, rings, outputs, descales, scheduler, seqlen_q, seqlen_k,
+                     softmax_scale_log2, pingpong, warpgroup_idx, tidx)
         if cutlass.const_expr(self.config.dynamic_tiles):
             position, tile_state = queue.pop(tile_queue.consumer_state())
             while position < scheduler.end():
@@ -520,9 +528,9 @@ class Sm90ForwardKernel:
 
     @cute.jit
     def consume_tile(
-        self, tiled_mma_qk, tiled_mma_pv, rings: Rings, sO, mO, mLSE, descales: tuple, tma_atom_O, scheduler,
-        seqlen_q: Int32, seqlen_k: Int32, softmax_scale_log2: Float32, pingpong: WarpgroupPingPong,
-        warpgroup_idx: Int32, tidx: Int32, position: Int32, q_state, kv_state,
+        self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, rings: Rings, outputs: Outputs,
+        descales: tuple, scheduler: TileScheduler, seqlen_q: Int32, seqlen_k: Int32, softmax_scale_log2: Float32,
+        pingpong: WarpgroupPingPong, warpgroup_idx: Int32, tidx: Int32, position: Int32, q_state, kv_state,
     ):
         """A consumer thread's part of the tile at ``position``; returns the rings' next states."""
         tile = self.make_tile(scheduler, position, seqlen_q, seqlen_k)
@@ -535,7 +543,7 @@ class Sm90ForwardKernel:
             q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
         elif cutlass.const_expr(self.q_freed_by_store):
             rings.q.consumer_wait(q_state)
-        self.epilogue(ops, lse, sO, mO, mLSE, tma_atom_O, tile, tidx)
+        self.epilogue(ops, lse, outputs, tile, tidx)
         if cutlass.const_expr(self.q_freed_by_store):
             if tidx == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1026,10 +1034,7 @@ class Sm90ForwardKernel:
         self,
         ops: ConsumerOperands,
         lse: cute.Tensor,
-        sO: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
-        tma_atom_O: cute.CopyAtom,
+        outputs: Outputs,
         tile: Tile,
         tidx: Int32,
     ):
@@ -1037,12 +1042,12 @@ class Sm90ForwardKernel:
         o.store(ops.acc_o.load().to(self.out_dtype))
         # The threads storing this slab of O together (see ``o_store_threads``).
         barrier_id = int(NamedBarrier.EPILOGUE)
-        store_mma, sO_slab, o_block, slab_tidx = ops.tiled_mma_pv, sO, tile.m_block, tidx
+        store_mma, sO_slab, o_block, slab_tidx = ops.tiled_mma_pv, outputs.sO, tile.m_block, tidx
         if cutlass.const_expr(self.config.o_store_per_warpgroup):
             warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
             barrier_id = int(NamedBarrier.EPILOGUE_WARPGROUP_0) + warpgroup_idx
             # One warpgroup's 64 rows: its accumulator fragment is that of a one-warpgroup MMA.
-            store_mma, sO_slab = self.pv_mma(1), sO[None, None, warpgroup_idx]
+            store_mma, sO_slab = self.pv_mma(1), outputs.sO[None, None, warpgroup_idx]
             o_block = tile.m_block * self.consumer_warpgroups + warpgroup_idx
             slab_tidx = tidx % THREADS_PER_WARPGROUP
         if cutlass.const_expr(not self.config.o_in_q_buffer):
@@ -1055,8 +1060,8 @@ class Sm90ForwardKernel:
         thr_store = cute.make_tiled_copy_C(store_atom, store_mma).get_slice(slab_tidx)
         cute.copy(thr_store, thr_store.retile(o), thr_store.partition_D(sO_slab))
 
-        if cutlass.const_expr(mLSE is not None):
-            self.store_lse(lse, mLSE, ops, tile, tidx)
+        if cutlass.const_expr(outputs.mLSE is not None):
+            self.store_lse(lse, outputs.mLSE, ops, tile, tidx)
 
         # The TMA engine reads the slab through the async proxy: make the generic-proxy
         # writes above visible to it, then wait for every storing thread's part.
@@ -1064,9 +1069,10 @@ class Sm90ForwardKernel:
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.o_store_threads)
         if self.stores_o(tidx):
             o_tile = (self.o_store_rows, self.head_dim)
-            tOsO, tOgO = tma_tile(tma_atom_O, sO_slab, mO[None, None, tile.head, tile.batch], o_tile, o_block)
+            gO = outputs.mO[None, None, tile.head, tile.batch]
+            tOsO, tOgO = tma_tile(outputs.atom_o, sO_slab, gO, o_tile, o_block)
             # Rows past seqlen_q are clipped by the TMA engine.
-            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.copy(outputs.atom_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
 
     def stores_o(self, tidx: Int32):
