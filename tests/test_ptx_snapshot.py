@@ -1,0 +1,41 @@
+"""perf/ptx_snapshot.py's variants: what a "PTX unchanged" check after a refactor covers
+(listed without compiling)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from flash4.dispatch import TABLE
+
+_PATH = Path(__file__).resolve().parents[1] / "perf" / "ptx_snapshot.py"
+
+
+def _snapshot_module():
+    spec = importlib.util.spec_from_file_location("ptx_snapshot", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_forward_variants_cover_every_selector_row_and_the_fp8_kernels_without_lse():
+    variants = _snapshot_module().forward_variants()
+    names = [name for name, _ in variants]
+    assert len(names) == len(set(names)), "two variants would write one file"
+    rows = [row for _, (row, _) in variants]
+    for row in TABLE:
+        if row.arch == "sm_90a":
+            assert row in rows, f"{row} is not in the snapshot"
+    assert any(row.config.cluster_heads for row in rows), "no head-cluster kernel"
+    without_lse = {row for _, (row, with_lse) in variants if not with_lse}
+    assert without_lse == {row for row in rows if row.config.fp8}
+
+
+def test_backward_variants_are_distinct_and_cover_every_scheme():
+    variants = _snapshot_module().backward_variants()
+    configs = [config for _, config in variants]
+    assert len({repr(c) for c in configs}) == len(configs)
+    assert {c.head_dim for c in configs} == {64, 128, 256}
+    for field in ("causal", "kv_accumulate", "kv_group_in_cta", "mirror_pairs", "deterministic",
+                  "dq_first_stores", "staggered_warpgroups", "head_dim_split"):
+        assert {getattr(c, field) for c in configs} == {False, True}, f"{field} takes one value only"
