@@ -1,4 +1,5 @@
-"""flash4's attention as a ``torch.autograd.Function``.
+"""flash4's attention as a ``torch.autograd.Function`` (eager calls; torch.compile traces
+the custom ops of flash4/custom_ops.py instead).
 
 The forward keeps what the backward needs: q, k, v, the output and the LSE (always
 computed here, returned only when asked for). The backward runs the kernels of
@@ -7,15 +8,21 @@ flash4/backward.py; the LSE output is not differentiable.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from flash4.backward import attention_backward
 from flash4.checks import AttentionProblem, tma_misaligned
+from flash4.forward import run_forward
 
-# Runs the forward kernel: launch(q, k, v, out, lse, problem).
-ForwardLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionProblem], None]
+
+def upstream_gradient(dout: torch.Tensor) -> torch.Tensor:
+    """dO as the kernels read it, by TMA: the upstream gradient may be any view (an expanded
+    scalar's gradient has stride 0), so anything but a dense aligned tensor is copied."""
+    if not dout.is_contiguous() or tma_misaligned(dout):
+        return dout.clone(memory_format=torch.contiguous_format)
+    return dout
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -28,11 +35,8 @@ class AttentionFunction(torch.autograd.Function):
         problem: AttentionProblem,
         return_lse: bool,
         deterministic: bool,
-        launch: ForwardLaunch,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-        launch(q, k, v, out, lse, problem)
+        out, lse = run_forward(q, k, v, problem, True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
         ctx.deterministic = deterministic
@@ -43,13 +47,10 @@ class AttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dout: torch.Tensor, *_lse_grad: Any) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
-        # The kernels read dO by TMA: the upstream gradient may be any view (an expanded
-        # scalar's gradient has stride 0), so anything but a dense aligned tensor is copied.
-        if not dout.is_contiguous() or tma_misaligned(dout):
-            dout = dout.clone(memory_format=torch.contiguous_format)
         problem = ctx.problem
         dq, dk, dv = attention_backward(
-            q, k, v, out, dout, lse, problem.softmax_scale, problem.causal, deterministic=ctx.deterministic
+            q, k, v, out, upstream_gradient(dout), lse, problem.softmax_scale, problem.causal,
+            deterministic=ctx.deterministic,
         )
         needs = ctx.needs_input_grad
-        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None)
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None)

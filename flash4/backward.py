@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flash4.checks import AttentionProblem, check_attention_args, tma_misaligned
+from flash4.checks import check_attention_args, tma_misaligned
 from flash4.compiler import compiled_backward, compiled_backward_postprocess, compiled_backward_preprocess
 from flash4.devices import device_sms
 from flash4.kernels.configs import Sm90BackwardConfig
@@ -79,11 +79,11 @@ def wave_fill(ctas: int, sms: int) -> float:
     return ctas / (-(-ctas // sms) * sms)
 
 
-def check_backward_supported(problem: AttentionProblem) -> None:
-    """Raise, before any launch, for a problem whose gradients flash4 cannot compute."""
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
+def check_backward_supported(head_dim: int) -> None:
+    """Raise, before any launch, for a head dim whose gradients flash4 cannot compute."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
         raise NotImplementedError(
-            f"head_dim={problem.head_dim}: flash4's backward supports head dims {SUPPORTED_HEAD_DIMS}; "
+            f"head_dim={head_dim}: flash4's backward supports head dims {SUPPORTED_HEAD_DIMS}; "
             f"the forward alone runs under torch.no_grad() or with inputs that do not require grad"
         )
 

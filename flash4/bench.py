@@ -299,7 +299,7 @@ def _flash4_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     from flash4.interface import flash_attn_func
 
     # What autograd refuses (a kernel not yet verified on a GPU) is reported, not timed.
-    check_backward_supported(check_attention_args(q, k, v, scale, causal))
+    check_backward_supported(check_attention_args(q, k, v, scale, causal).head_dim)
 
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     dout = dout_like(out)

@@ -20,7 +20,7 @@ from flash4.checks import AttentionProblem, check_attention_args, check_devices,
 from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
 from flash4.devices import device_arch, device_sms, on_device
-from flash4.interface import LOG2_E
+from flash4.forward import LOG2_E
 from flash4.kernels.f16_scores import code_limits, scores_fit_f16
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
 from flash4.quantize import (

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
-
 import torch
 
 from flash4.autograd import AttentionFunction
 from flash4.backward import check_backward_supported
-from flash4.checks import AttentionProblem, check_attention_args
-from flash4.compiler import compiled_forward, tile_counter
-from flash4.devices import device_arch, device_sms, on_device
-from flash4.dispatch import select
-from flash4.kernels.configs import Sm90ForwardConfig
-
-# exp(x) = exp2(x * log2(e)): the kernel exponentiates in base 2 with this folded into the scale.
-LOG2_E = math.log2(math.e)
-
-# (device index, dtype, head dim, causal, row's min_seqlen_q, clusters of heads, writes LSE)
-# -> compiled kernel, and the row's configuration (whether it takes a tile counter).
-# Everything in the key is static, so shapes and scales never recompile; plain values keep
-# the lookup cheap (hashing the nested dataclasses of a row is not).
-_KERNELS: dict[tuple[int, str, int, bool, int, bool, bool], tuple[Callable[..., Any], Sm90ForwardConfig]] = {}
+from flash4.checks import check_attention_args
+from flash4.custom_ops import compiled_attention
+from flash4.forward import launch_forward, run_forward
 
 
 def flash_attn_func(
@@ -59,27 +45,24 @@ def flash_attn_func(
     kernel's tile: ``flash4.fp8.fp8_blocks(head_dim, causal, seqlen_q)``, ``.q`` for q,
     ``.kv`` for k and v),
     run the FP8 kernel (see ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
+
+    Under torch.compile the 16-bit call is one node of the graph, forward and backward
+    (flash4/custom_ops.py); an FP8 call breaks the graph and runs eagerly.
     """
     if q_descale is not None or k_descale is not None or v_descale is not None:
         return _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse)
+    if torch.compiler.is_compiling():
+        return compiled_attention(q, k, v, softmax_scale, causal, return_lse, deterministic)
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        check_backward_supported(problem)
-        return AttentionFunction.apply(q, k, v, problem, return_lse, deterministic, _launch)
-    # empty_like is the cheapest allocation call torch offers (about 2 us against 5 us for
-    # torch.empty with keyword arguments, on the H200's host).
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        check_backward_supported(problem.head_dim)
+        return AttentionFunction.apply(q, k, v, problem, return_lse, deterministic)
     # Without return_lse the kernel variant that never writes LSE runs: no buffer, no stores.
-    lse = (
-        torch.empty((problem.batch, problem.heads, problem.seqlen_q), dtype=torch.float32, device=q.device)
-        if return_lse
-        else None
-    )
-    _launch(q, k, v, out, lse, problem)
+    out, lse = run_forward(q, k, v, problem, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -132,7 +115,7 @@ def flash_attn_forward_into(
             )
         if tensor.device != q.device:
             raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-    _launch(q, k, v, out, lse, problem)
+    launch_forward(q, k, v, out, lse, problem)
 
 
 def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -145,28 +128,3 @@ def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"use flash_attn_func for gradients, or call it under torch.no_grad() or with detached tensors"
         )
 
-
-def _kernel(
-    device_index: int, problem: AttentionProblem, with_lse: bool
-) -> tuple[Callable[..., Any], Sm90ForwardConfig]:
-    entry = select(
-        device_arch(device_index), problem.dtype, problem.head_dim, problem.causal, problem.seqlen_q,
-        problem.group_size,
-    )
-    key = (
-        device_index, problem.dtype, problem.head_dim, problem.causal, entry.min_seqlen_q,
-        entry.config.cluster_heads, with_lse,
-    )
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        kernel = _KERNELS[key] = (compiled_forward(entry, with_lse), entry.config)
-    return kernel
-
-
-def _launch(q, k, v, out, lse, problem: AttentionProblem) -> None:
-    device = q.device
-    kernel, config = _kernel(device.index, problem, lse is not None)
-    scale_log2 = problem.softmax_scale * LOG2_E
-    sms = device_sms(device.index)
-    with on_device(device):
-        kernel(q, k, v, out, lse, scale_log2, sms, tile_counter(config, device))

@@ -28,7 +28,7 @@ from flash4.compiler import compiled_forward, tile_counter  # noqa: E402
 from flash4.devices import device_sms  # noqa: E402
 from flash4.dispatch import select  # noqa: E402
 from flash4.fp8 import OUT_DTYPE, tile_descales  # noqa: E402
-from flash4.interface import LOG2_E  # noqa: E402
+from flash4.forward import LOG2_E  # noqa: E402
 from flash4.quantize import fp8_value_layout, hadamard_rotate, quantize_fp8  # noqa: E402
 from fp8_accuracy_model import outlier_inputs  # noqa: E402
 from sweep_configs import bounded_codes  # noqa: E402

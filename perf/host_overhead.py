@@ -22,9 +22,10 @@ from typing import Callable, NamedTuple
 import torch
 
 import flash4
-from flash4 import interface
+from flash4 import forward
 from flash4.checks import check_attention_args
-from flash4.interface import _KERNELS, LOG2_E
+from flash4.devices import device_sms
+from flash4.forward import _KERNELS, LOG2_E
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 1, 128, 16, 64
 
@@ -43,16 +44,16 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
 def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calls: int) -> None:
     """Microseconds of each step of ``flash_attn_func``, timed alone."""
     problem = check_attention_args(q, k, v, None, False)
-    kernel, _ = interface._kernel(q.device.index, problem, False)
+    kernel, _ = forward.forward_kernel(q.device.index, problem, False)
     out = torch.empty_like(q)
-    sms = interface.device_sms(q.device.index)
+    sms = device_sms(q.device.index)
     steps: dict[str, Callable[[], object]] = {
         "flash_attn_func": lambda: flash4.flash_attn_func(q, k, v),
         "check_attention_args": lambda: check_attention_args(q, k, v, None, False),
         "torch.empty_like(q) for out": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
         "torch.empty(q.shape, ...)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "torch.cuda.current_device()": torch.cuda.current_device,
-        "interface._kernel lookup": lambda: interface._kernel(q.device.index, problem, False),
+        "forward_kernel lookup": lambda: forward.forward_kernel(q.device.index, problem, False),
         "kernel call (same out)": lambda: kernel(q, k, v, out, None, 0.18, sms, None),
         "kernel call (fresh out)": lambda: kernel(q, k, v, torch.empty_like(q), None, 0.18, sms, None),
     }

@@ -41,7 +41,7 @@ from flash4 import bench
 from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import KernelEntry, select
 from flash4.devices import device_sms
-from flash4.interface import LOG2_E
+from flash4.forward import LOG2_E
 
 # Each list: the selector's row ({}) and changes to it; a change that does not apply to a
 # shape is left out there. Add a candidate here with its GPU test, run the sweep, keep the

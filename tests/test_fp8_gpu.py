@@ -380,7 +380,7 @@ def _run_variant(q8, k8, v8, causal: bool, with_lse: bool = True, **changes):
     from flash4.dispatch import FP8_DTYPE, select
     from flash4.fp8 import OUT_DTYPE, tile_descales
     from flash4.devices import device_sms
-    from flash4.interface import LOG2_E
+    from flash4.forward import LOG2_E
 
     batch, seqlen_q, heads, head_dim = q8.values.shape
     seqlen_k, kv_heads = k8.values.shape[1:3]

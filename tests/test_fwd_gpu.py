@@ -144,7 +144,7 @@ def _run_config_variant(q, k, v, causal, **changes):
     from flash4.compiler import compiled_forward, tile_counter
     from flash4.dispatch import select
     from flash4.devices import device_sms
-    from flash4.interface import LOG2_E
+    from flash4.forward import LOG2_E
 
     batch, seqlen_q, heads, head_dim = q.shape
     entry = select("sm_90a", str(q.dtype).removeprefix("torch."), head_dim, causal, seqlen_q)

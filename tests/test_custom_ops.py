@@ -1,0 +1,150 @@
+"""flash_attn_func under torch.compile, on the CPU: the custom ops of flash4/custom_ops.py
+with the reference maths in the kernels' place. What is checked here is the wiring: one
+graph with no break, the forward op in the forward graph and the backward op in the
+backward graph, the fake implementations' shapes and strides equal to the real ones', and
+values and gradients equal to the same model's without compile. The kernels themselves
+under compile: tests/test_autograd_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flash4
+from flash4 import custom_ops, reference
+
+
+def _reference_forward(q, k, v, softmax_scale, causal, with_lse):
+    out, lse = reference.attention(q, k, v, softmax_scale, causal)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format).copy_(out)
+    return out, lse.contiguous() if with_lse else q.new_empty((0,), dtype=torch.float32)
+
+
+def _reference_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    grads = reference.attention_backward(q, k, v, out, dout, lse, softmax_scale, causal)
+    return tuple(torch.empty_like(x).copy_(g) for x, g in zip((q, k, v), grads))
+
+
+@pytest.fixture
+def reference_kernels(monkeypatch):
+    """The ops' work done by the reference maths, on the CPU; the calls counted."""
+    calls = {"forward": 0, "backward": 0}
+
+    def forward(*args):
+        calls["forward"] += 1
+        return _reference_forward(*args)
+
+    def backward(*args):
+        calls["backward"] += 1
+        return _reference_backward(*args)
+
+    monkeypatch.setattr(custom_ops, "forward_outputs", forward)
+    monkeypatch.setattr(custom_ops, "backward_outputs", backward)
+    return calls
+
+
+def _attention_block(attention, x_q, x_kv, weights, causal):
+    """Projections to q (4 heads) and k, v (2 kv heads, GQA) of head dim 64, attention, a
+    weighted sum."""
+    w_q, w_k, w_v = weights
+    batch, seqlen_q, _ = x_q.shape
+    seqlen_k = x_kv.shape[1]
+    q = (x_q @ w_q).view(batch, seqlen_q, 4, 64)
+    k = (x_kv @ w_k).view(batch, seqlen_k, 2, 64)
+    v = (x_kv @ w_v).view(batch, seqlen_k, 2, 64)
+    out = attention(q, k, v, causal)
+    return (out * torch.linspace(-1.0, 2.0, 64)).sum()
+
+
+def _flash4(q, k, v, causal):
+    return flash4.flash_attn_func(q, k, v, causal=causal)
+
+
+def _reference(q, k, v, causal):
+    return reference.attention(q, k, v, None, causal)[0]
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_compiled_training_step_is_one_graph_with_flash4_ops(reference_kernels, causal):
+    graphs = {}
+
+    def capture(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    backend = aot_autograd(fw_compiler=capture("forward"), bw_compiler=capture("backward"))
+    x_q, x_kv = torch.randn(2, 17, 32), torch.randn(2, 23, 32)
+    weights = [(torch.randn(32, n) / 8).requires_grad_(True) for n in (256, 128, 128)]
+    step = torch.compile(_attention_block, backend=backend, fullgraph=True)
+    loss = step(_flash4, x_q, x_kv, weights, causal)
+    grads = torch.autograd.grad(loss, weights)
+
+    assert "flash4.attention_forward.default" in graphs["forward"]
+    assert "flash4.attention_backward.default" in graphs["backward"]
+    assert not any("flash4" in target for target in graphs["backward"] if "backward" not in target)
+    assert reference_kernels == {"forward": 1, "backward": 1}
+    expected_weights = [w.detach().clone().requires_grad_(True) for w in weights]
+    expected = _attention_block(_reference, x_q, x_kv, expected_weights, causal)
+    expected_grads = torch.autograd.grad(expected, expected_weights)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for grad, want in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_inference_returns_lse_and_skips_it_when_not_asked(reference_kernels):
+    q, k, v = torch.randn(1, 9, 4, 16), torch.randn(1, 9, 2, 16), torch.randn(1, 9, 2, 16)
+    with_lse = torch.compile(lambda q, k, v: flash4.flash_attn_func(q, k, v, return_lse=True), fullgraph=True)
+    out, lse = with_lse(q, k, v)
+    want_out, want_lse = reference.attention(q, k, v)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-6)
+    out_only = torch.compile(lambda q, k, v: flash4.flash_attn_func(q, k, v), fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out_only, want_out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_lse", (False, True))
+def test_fake_outputs_are_shaped_and_strided_like_the_real_ones(with_lse):
+    # q as a transposed view (batch, heads, seqlen, head_dim) storage: out is contiguous
+    # whatever q's strides, and the gradients take their inputs' strides (empty_like).
+    q = torch.randn(2, 4, 7, 16).transpose(1, 2)
+    k, v = torch.randn(2, 5, 2, 16), torch.randn(2, 5, 2, 16)
+    real = _reference_forward(q, k, v, 0.25, False, with_lse)
+    real_grads = _reference_backward(real[0], q, k, v, real[0], real[1], 0.25, False, False) if with_lse else None
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        fake = torch.ops.flash4.attention_forward(fq, fk, fv, 0.25, False, with_lse, False)
+        fake_grads = torch.ops.flash4.attention_backward(fake[0], fq, fk, fv, fake[0], fake[1], 0.25, False, False)
+    for want, got in zip(real, fake):
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    if real_grads is not None:
+        for want, got in zip(real_grads, fake_grads):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+
+
+# A check that fails while tracing a whole graph surfaces as dynamo's error carrying ours.
+_TRACE_ERRORS = (TypeError, NotImplementedError, torch._dynamo.exc.Unsupported)
+
+
+def test_flags_and_head_dim_are_checked_while_tracing(reference_kernels):
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(_TRACE_ERRORS, match="causal must be a bool, got int"):
+        torch.compile(lambda q: flash4.flash_attn_func(q, q, q, causal=1), fullgraph=True)(q)
+    # Head dim 96 has a forward but no backward: refused before anything runs.
+    x = torch.randn(1, 8, 2, 96, requires_grad=True)
+    with pytest.raises(_TRACE_ERRORS, match=r"head_dim=96: flash4's backward supports head dims \(64, 128, 256\)"):
+        torch.compile(lambda x: flash4.flash_attn_func(x, x, x), fullgraph=True)(x)
+    assert reference_kernels == {"forward": 0, "backward": 0}
+
+
+def test_eager_calls_do_not_take_the_custom_ops(reference_kernels):
+    # Eagerly, a CPU tensor fails flash4's own device check, not inside an op.
+    q = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="flash4 needs CUDA tensors"):
+        flash4.flash_attn_func(q, q, q)
+    assert reference_kernels == {"forward": 0, "backward": 0}
