@@ -108,6 +108,24 @@ def test_compiled_inference_returns_lse_and_skips_it_when_not_asked(reference_ke
     torch.testing.assert_close(out_only, want_out, rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_call_with_dynamic_lengths_compiles_once(reference_kernels):
+    # Lengths as symbols: the fake implementations shape the outputs from them, and each
+    # call's kernel is still chosen by its real lengths, inside the op.
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm
+
+    call = torch.compile(lambda q, k, v: flash4.flash_attn_func(q, k, v, causal=True), backend=backend,
+                         dynamic=True, fullgraph=True)
+    for seqlen_q, seqlen_k in ((5, 9), (17, 1000), (64, 33)):
+        q, k, v = torch.randn(2, seqlen_q, 4, 64), torch.randn(2, seqlen_k, 1, 64), torch.randn(2, seqlen_k, 1, 64)
+        torch.testing.assert_close(call(q, k, v), reference.attention(q, k, v, causal=True)[0], rtol=1e-5, atol=1e-6)
+    assert len(compiles) == 1
+    assert reference_kernels["forward"] == 3
+
+
 @pytest.mark.parametrize("with_lse", (False, True))
 def test_fake_outputs_are_shaped_and_strided_like_the_real_ones(with_lse):
     # q as a transposed view (batch, heads, seqlen, head_dim) storage: out is contiguous
