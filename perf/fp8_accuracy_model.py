@@ -138,6 +138,12 @@ def int8_qk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torc
         "Q int8, K int8 per head, P and V e4m3": reference.fp8_attention(
             unrounded(q8, True), unrounded(int8_rounded(kr, per_head=True), True), unrounded(v_e4m3, False)
         ),
+        # The FP8 kernel's own algorithm (tiles of 128, V per tensor, row sums of the
+        # rounded P, P's codes rounded from fp32 scores) on int8 Q and K: what an s8 S GEMM
+        # feeding the fp32-score softmax would give.
+        "Q, K int8, kernel model, P codes by rounding": reference.fp8_blockwise_attention(
+            unrounded(q8, True), unrounded(k8, True), quantize_fp8(v, None), sum_rounded_p=True, p_by_rounding=True
+        )[0],
     }
 
 
