@@ -351,10 +351,22 @@ def _flash4_fp8_quantizing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
 
 
 def _flash4_fp8_hadamard(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
-    """flash_attn_fp8 with the Hadamard rotation (its accurate mode), quantization included."""
+    """flash_attn_fp8 with the Hadamard rotation, quantization included."""
     from flash4.fp8 import flash_attn_fp8
 
     return (lambda: flash_attn_fp8(q, k, v, softmax_scale=scale, causal=causal, hadamard=True)), (lambda out: out)
+
+
+def _flash4_fp8_int8_qk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> Prepared:
+    """The accurate mode's kernel (int8 Q and K, rotated; e4m3 V laid out beforehand) on
+    inputs quantized beforehand, as the flash4 FP8 provider times its kernel."""
+    from flash4.fp8 import fp8_blocks, flash_attn_fp8_quantized
+    from flash4.quantize import quantize_fp8, quantize_int8, transpose_fp8_v
+
+    blocks = fp8_blocks(q.shape[-1], causal, q.shape[1])
+    q8, k8 = quantize_int8(q, blocks.q), quantize_int8(k, blocks.kv)
+    v8 = transpose_fp8_v(quantize_fp8(v, None))
+    return (lambda: flash_attn_fp8_quantized(q8, k8, v8, softmax_scale=scale, causal=causal)), (lambda out: out)
 
 
 def dout_like(out: torch.Tensor) -> torch.Tensor:
@@ -470,6 +482,7 @@ FP8_PROVIDERS: dict[str, Callable[..., Prepared]] = {
     "flash4-v-per-call": _flash4_fp8_v_per_call,
     "flash4-quantizing": _flash4_fp8_quantizing,
     "flash4-hadamard": _flash4_fp8_hadamard,
+    "flash4-int8-qk": _flash4_fp8_int8_qk,
     "flash4-bf16": _flash4,
     **_checkout_peers("FP8_PROVIDERS"),
 }

@@ -154,10 +154,12 @@ def _fp8_forward_arguments(config: Any, out_dtype_name: str, with_lse: bool) -> 
     import cutlass.cute as cute
 
     e4m3 = cutlass.Float8E4M3FN
+    # Q and K: e4m3, or int8 in the accurate mode.
+    qk = cutlass.Int8 if config.fp8_qk_int8 else e4m3
     batch, seqlen_q, seqlen_k, padded_k, heads, kv_heads, m_blocks, n_blocks = (cute.sym_int() for _ in range(8))
     d = config.head_dim
-    q = _fake_tensor(e4m3, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
-    k = _fake_tensor(e4m3, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
+    q = _fake_tensor(qk, (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)
+    k = _fake_tensor(qk, (batch, seqlen_k, kv_heads, d), TMA_ALIGN_BYTES)
     # V transposed: (batch, kv_heads, head_dim, keys padded to whole key groups).
     vt = _fake_tensor(e4m3, (batch, kv_heads, d, padded_k), TMA_ALIGN_BYTES)
     o = _fake_tensor(_cutlass_dtype(out_dtype_name), (batch, seqlen_q, heads, d), TMA_ALIGN_BYTES)

@@ -261,16 +261,28 @@ def select(
 
 def select_fp8(
     arch: str, head_dim: int, causal: bool, seqlen_q: int, v_per_tensor: bool, group: int = 1,
-    f16_scores: bool = False,
+    f16_scores: bool = False, qk_int8: bool = False,
 ) -> KernelEntry:
     """The FP8 row for this problem (``group``: query heads per K/V head); for a V with one
     descale per key block (``v_per_tensor=False``), the row's kernel built for blockwise V
     descales. ``f16_scores``: Q's and K's codes keep Q Kᵀ inside f16 (kernels/f16_scores.py),
-    so a row that rounds P's codes takes its scores in f16."""
+    so a row that rounds P's codes takes its scores in f16. ``qk_int8``: Q and K are int8
+    (the accurate mode), whose s32 scores the fp32 softmax takes (``f16_scores`` is then
+    moot)."""
     if not v_per_tensor:
-        return _with_blockwise_v(select(arch, FP8_DTYPE, head_dim, causal, seqlen_q))
-    entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q, group)
-    return _with_f16_scores(entry) if f16_scores and entry.config.fp8_p_by_rounding else entry
+        entry = _with_blockwise_v(select(arch, FP8_DTYPE, head_dim, causal, seqlen_q))
+    else:
+        entry = select(arch, FP8_DTYPE, head_dim, causal, seqlen_q, group)
+        if f16_scores and entry.config.fp8_p_by_rounding and not qk_int8:
+            entry = _with_f16_scores(entry)
+    return _with_int8_qk(entry) if qk_int8 else entry
+
+
+@functools.lru_cache(maxsize=None)
+def _with_int8_qk(entry: KernelEntry) -> KernelEntry:
+    """The row's kernel on int8 Q and K (Sm90ForwardConfig.fp8_qk_int8). Not yet measured on
+    a GPU: the rows were chosen for e4m3 Q and K."""
+    return replace(entry, config=replace(entry.config, fp8_qk_int8=True, scores_in_f16=False))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,8 @@
 
 ``flash_attn_fp8(q, k, v)`` takes 16-bit tensors, quantizes them (Q and K with one descale
 per tile of rows of each head, optionally after the Hadamard rotation; V with one per
-tensor) and runs the kernel.
+tensor) and runs the kernel. With ``qk_int8=True`` (the accurate mode) Q and K are int8
+instead of e4m3 (``flash4.quantize_int8``), V still e4m3.
 ``flash_attn_fp8_quantized`` takes what ``flash4.quantize_fp8`` returned, blockwise (Q per
 ``fp8_blocks(head_dim, causal, seqlen_q).q`` rows, K and V per ``.kv`` rows: the query and
 key tiles of the kernel that serves the problem) or per tensor (``block=None``); V may come
@@ -29,6 +30,7 @@ from flash4.quantize import (
     Fp8TransposedV,
     fp8_value_layout,
     quantize_fp8_transposed_v,
+    quantize_int8,
     quantize_on_gpu,
 )
 
@@ -68,12 +70,20 @@ def flash_attn_fp8(
     causal: bool = False,
     hadamard: bool = False,
     return_lse: bool = False,
+    qk_int8: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of bf16/fp16 q, k, v (as ``flash_attn_func`` takes them) computed in FP8:
     Q and K are quantized to e4m3 with one descale per tile of rows of a head (``fp8_blocks``;
     rotated first when ``hadamard``) onto its code limits (``.q_max``, ``.k_max``: the
     kernel then holds the scores in f16), V with one descale for the tensor, then the FP8
     kernel runs. Returns bf16 ``out`` (and float32 ``lse``). Not differentiable.
+
+    ``qk_int8`` (the accurate mode): Q and K quantized to int8 instead (``quantize_int8``,
+    best with ``hadamard=True``), whose s32 scores the kernel converts to fp32. In the
+    float64 model of the kernel's algorithm on FlashAttention-3's outlier inputs it errs
+    0.29-0.37x as much as cuDNN's per-tensor FP8, e4m3 0.45-0.53x; its speed is that of
+    the fp32-score kernels at best. Not yet run on a GPU (2026-12-05); its quantization runs
+    in torch.
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
     largest so far, so blocks with smaller descales round P more coarsely; on
@@ -83,6 +93,8 @@ def flash_attn_fp8(
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(qk_int8, bool):
+        raise TypeError(f"qk_int8 must be a bool, got {type(qk_int8).__name__}")
     problem = check_attention_args(q, k, v, softmax_scale, causal)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise NotImplementedError(
@@ -96,20 +108,19 @@ def flash_attn_fp8(
     # GPU without FP8 kernels is refused before anything is quantized.
     entry = select_fp8(
         device_arch(q.device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=True,
-        group=problem.group_size, f16_scores=True,
+        group=problem.group_size, f16_scores=True, qk_int8=qk_int8,
     )
     # The inputs passed check_attention_args, so the quantization kernels take them and what
     # they return is what the FP8 kernel reads: neither quantize_fp8's checks nor
     # check_fp8_args (a quarter of the call's host time) run again.
     with on_device(q.device):
-        return _launch(
-            quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max),
-            quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max),
-            quantize_fp8_transposed_v(v),
-            problem,
-            entry,
-            return_lse,
-        )
+        if qk_int8:
+            q8 = quantize_int8(q, entry.config.tile_m, hadamard)
+            k8 = quantize_int8(k, entry.config.tile_n, hadamard)
+        else:
+            q8 = quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max)
+            k8 = quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max)
+        return _launch(q8, k8, quantize_fp8_transposed_v(v), problem, entry, return_lse)
 
 
 def flash_attn_fp8_quantized(
@@ -139,6 +150,7 @@ def flash_attn_fp8_quantized(
     entry = select_fp8(
         device_arch(device.index), problem.head_dim, causal, problem.seqlen_q, v_per_tensor=v.block is None,
         group=problem.group_size, f16_scores=scores_fit_f16(problem.head_dim, q.fp8_max, k.fp8_max),
+        qk_int8=q.values.dtype == torch.int8,
     )
     with on_device(device):
         return _launch(q, k, v, problem, entry, return_lse)
@@ -173,11 +185,19 @@ def check_fp8_args(q: object, k: object, v: object, softmax_scale: object, causa
             raise TypeError(
                 f"{name} must be a flash4.Fp8Tensor (from flash4.quantize_fp8){what}, got {type(t).__name__}"
             )
-        if not isinstance(t.values, torch.Tensor) or t.values.dtype != TORCH_FP8_DTYPE or t.values.dim() != 4:
+        # Q and K: e4m3, or int8 (quantize_int8, the accurate mode); V e4m3.
+        dtypes = (TORCH_FP8_DTYPE,) if name == "v" else (TORCH_FP8_DTYPE, torch.int8)
+        if not isinstance(t.values, torch.Tensor) or t.values.dtype not in dtypes or t.values.dim() != 4:
             layout = "(batch, kv_heads, head_dim, keys)" if isinstance(t, Fp8TransposedV) else "(batch, seqlen, heads, head_dim)"
-            raise ValueError(f"{name}.values must be a 4-D {TORCH_FP8_DTYPE} tensor {layout}")
+            allowed_dtypes = " or ".join(str(d) for d in dtypes)
+            raise ValueError(f"{name}.values must be a 4-D {allowed_dtypes} tensor {layout}")
         if not t.values.is_contiguous():
             raise ValueError(f"{name}.values must be contiguous, as quantize_fp8 returns it")
+    if q.values.dtype != k.values.dtype:
+        raise ValueError(
+            f"q.values is {q.values.dtype} but k.values is {k.values.dtype}: Q and K must both be e4m3 "
+            f"(quantize_fp8) or both int8 (quantize_int8)"
+        )
     if q.hadamard != k.hadamard:
         raise ValueError("q and k must both be rotated (hadamard=True) or neither: QKᵀ is kept only then")
     if isinstance(v, Fp8TransposedV):

@@ -34,6 +34,8 @@ from flash4.kernels.e4m3_codes import SMALLEST_DESCALE
 FP8_DTYPE = torch.float8_e4m3fn
 # e4m3's largest finite value: a block's largest magnitude is scaled onto it.
 FP8_MAX = torch.finfo(FP8_DTYPE).max
+# int8 codes are symmetric, within ±127 (-128 unused): the accurate mode's Q and K.
+INT8_MAX = 127
 # V's keys are renamed, and padded, in groups of this many: the FP8 wgmma's k-step.
 FP8_KEY_GROUP = 32
 # The GPU kernels read rows in 16-byte vectors (the widest load a thread issues).
@@ -44,8 +46,9 @@ HADAMARD_SEED = 0x5EED
 
 
 class Fp8Tensor(NamedTuple):
-    """e4m3 ``values`` (batch, seqlen, heads, head_dim) and float32 ``descale``: (batch,
-    heads, ceil(seqlen / block)) for blockwise scales, shape () for one per tensor.
+    """e4m3 ``values`` (batch, seqlen, heads, head_dim), or int8 ones (``quantize_int8``: Q
+    and K of the FP8 kernel's accurate mode), and float32 ``descale``: (batch, heads,
+    ceil(seqlen / block)) for blockwise scales, shape () for one per tensor.
     ``values.float() * descale`` (broadcast over each block's rows) approximates the input
     (rotated, if ``hadamard``)."""
 
@@ -54,7 +57,7 @@ class Fp8Tensor(NamedTuple):
     block: int | None
     hadamard: bool
     # The magnitude each block's largest value was scaled onto: e4m3's largest, or less
-    # (``quantize_fp8``'s ``fp8_max``), which bounds every |value| by it.
+    # (``quantize_fp8``'s ``fp8_max``), which bounds every |value| by it; INT8_MAX for int8.
     fp8_max: float = FP8_MAX
 
     def dequantize(self) -> Tensor:
@@ -164,6 +167,41 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False, fp8
         torch.mul(x[:, keys].reshape(batch, -1, rows, heads, head_dim), 1.0 / per_block,
                   out=values[:, keys].view(batch, -1, rows, heads, head_dim))
     return Fp8Tensor(values, descale, block, hadamard, fp8_max)
+
+
+def quantize_int8(x: Tensor, block: int | None = 128, hadamard: bool = True) -> Fp8Tensor:
+    """int8 values and float32 descales of ``x`` (batch, seqlen, heads, head_dim), for Q and
+    K of the FP8 kernel's accurate mode (``flash_attn_fp8(..., qk_int8=True)``): as
+    ``quantize_fp8``, but each block's largest magnitude scaled onto INT8_MAX and every
+    value rounded to the nearest integer (ties to even), symmetric within ±INT8_MAX. After
+    the rotation (on by default here: int8's even steps are set by a block's largest value,
+    which the rotation spreads) the values are near-Gaussian, and int8 rounds them about 3x
+    finer than e4m3's three mantissa bits. In torch, on the CPU and on CUDA alike."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    if hadamard:
+        _check_rotatable(x.shape[-1])
+    x = hadamard_rotate(x) if hadamard else x.float()
+    low, high = torch.aminmax(x, dim=-1)
+    row_amax = torch.maximum(high, -low)  # (b, s, h)
+    if block is None:
+        descale = _descale(row_amax.amax(), INT8_MAX)
+        per_row = descale
+    else:
+        batch, seqlen, heads, _ = x.shape
+        blocks = -(-seqlen // block)
+        padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))
+        descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2), INT8_MAX).transpose(1, 2).contiguous()
+        per_row = descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2).unsqueeze(-1)
+    # The float32 product with the reciprocal, as quantize_fp8 takes it, then rounded: the
+    # largest magnitude lands on INT8_MAX (up to the product's rounding), so the clamp only
+    # keeps that last half step in range.
+    codes = torch.round(x * (1.0 / per_row)).clamp_(-INT8_MAX, INT8_MAX)
+    return Fp8Tensor(codes.to(torch.int8), descale, block, hadamard, INT8_MAX)
 
 
 class Fp8TransposedV(NamedTuple):

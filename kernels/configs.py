@@ -141,6 +141,14 @@ class Sm90ForwardConfig:
     # only for Q and K codes with head_dim * |q code| * |k code| <= F16_SCORE_BOUND, as
     # flash4.quantize_fp8(..., fp8_max=...) writes them; any other input overflows.
     scores_in_f16: bool = False
+    # FP8 with int8 Q and K (the accurate mode): the S GEMM multiplies s8 by s8 into s32, at
+    # the e4m3 rate, and each score becomes fp32 exactly by one integer add of 1.5 * 2^23
+    # and one FADD (kernels/int8_scores.py); V and P stay e4m3. After the rotation Q and K
+    # are near-Gaussian, which int8's 255 even steps round about 3x finer than e4m3's three
+    # mantissa bits: in the float64 model of the kernel's algorithm on FlashAttention-3's
+    # inputs, 0.29-0.37x cuDNN's per-tensor FP8 error against e4m3's 0.45-0.53x
+    # (perf/fp8_accuracy_model.py). An s32 accumulator rules out scores_in_f16.
+    fp8_qk_int8: bool = False
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
     # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
@@ -236,6 +244,11 @@ class Sm90ForwardConfig:
             )
         if self.scores_in_f16 and not self.fp8_p_by_rounding:
             raise ValueError("scores_in_f16=True: only with fp8_p_by_rounding=True (the f16 scores' codes are P)")
+        if self.fp8_qk_int8 and (not self.fp8 or self.scores_in_f16 or self.skip_unseen_first_block):
+            raise ValueError(
+                "fp8_qk_int8=True: only with fp8=True, scores_in_f16=False (an s8 wgmma accumulates in s32) and "
+                "skip_unseen_first_block=False"
+            )
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
         if self.kv_stages < 1:

@@ -66,6 +66,7 @@ from ..pipelines.tma_pipeline import (
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .configs import ROWS_PER_CONSUMER_WARPGROUP, ROWS_PER_WARP, SMEM_ALIGN_BYTES, Sm90ForwardConfig
 from .f16_scores import NEG_INF_X2, score_words
+from .int8_scores import float_scores
 from .mask import mask_scores
 from .mma_layouts import acc_as_a_operand, acc_rows_cols
 from .online_softmax import LARGEST_REBASED_P, THREADS_PER_ROW, OnlineSoftmax
@@ -157,6 +158,8 @@ class Sm90ForwardKernel:
     def __init__(self, config: Sm90ForwardConfig, dtype: Type[cutlass.Numeric]):
         self.config = config
         self.dtype = dtype
+        # Q's and K's dtype (the FP8 kernel's accurate mode reads int8 Q and K, e4m3 V).
+        self.qk_dtype = dtype
         # O's dtype (the FP8 kernel writes 16-bit O from e4m3 inputs).
         self.out_dtype = dtype
         self.tile_m = config.tile_m
@@ -226,14 +229,14 @@ class Sm90ForwardKernel:
         major_k = cute.nvgpu.OperandMajorMode.K
         q_source = warpgroup.OperandSource.RMEM if self.config.q_in_registers else warpgroup.OperandSource.SMEM
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, major_k, major_k, self.score_dtype,
+            self.qk_dtype, self.qk_dtype, major_k, major_k, self.score_dtype,
             (self.consumer_warpgroups, 1, 1), (ROWS_PER_CONSUMER_WARPGROUP, self.tile_n),
             a_source=q_source,
         )
         tiled_mma_pv = self.pv_mma(self.consumer_warpgroups)
 
-        sQ_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.q_stages)
-        sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sQ_layout = smem_tile_layout(self.qk_dtype, self.tile_m, self.head_dim, self.q_stages)
+        sK_layout = smem_tile_layout(self.qk_dtype, self.tile_n, self.head_dim, self.stages)
         sV_layout = smem_tile_layout(self.dtype, *self.v_tile(), self.stages)
         # O's buffer: one tile, or one 64-row slab per consumer warpgroup (each stored alone).
         sO_layout = smem_tile_layout(self.out_dtype, self.tile_m, self.head_dim)
@@ -257,8 +260,9 @@ class Sm90ForwardKernel:
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (self.o_store_rows, self.head_dim)
         )
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+        self.q_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sQ_layout, mode=[0, 1]))
+        # A K block's bytes, and a V block's: V's dtype has K's width in every kernel.
+        self.kv_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sK_layout, mode=[0, 1]))
 
         scheduler = self.scheduler(mQ, max_ctas)
         grid = scheduler.grid(max_ctas)
@@ -291,8 +295,17 @@ class Sm90ForwardKernel:
 
     @property
     def score_dtype(self) -> Type[cutlass.Numeric]:
-        """The S GEMM's accumulator type."""
+        """The S GEMM's accumulator type (int8 Q and K: s32, converted by ``float_scores``)."""
+        if self.config.fp8_qk_int8:
+            return Int32
         return Float16 if self.f16_scores else Float32
+
+    def float_scores(self, acc_s: cute.Tensor) -> cute.Tensor:
+        """The completed S accumulator as the softmax reads it: int8 Q and K's s32 scores
+        converted to fp32 in place (kernels/int8_scores.py), the others as they are."""
+        if cutlass.const_expr(self.config.fp8_qk_int8):
+            return float_scores(acc_s)
+        return acc_s
 
     def pv_mma(self, warpgroups: int) -> cute.TiledMma:
         """O = P V on ``warpgroups`` consumer warpgroups along M: V is the B operand
@@ -317,8 +330,8 @@ class Sm90ForwardKernel:
             "q_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.q_stages)],
             "k_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
             "v_barriers": cute.struct.MemRange[cutlass.Int64, barrier_words(self.stages)],
-            "sQ": buffer(q_elems),
-            "sK": buffer(cute.cosize(sK_layout)),
+            "sQ": buffer(q_elems, self.qk_dtype),
+            "sK": buffer(cute.cosize(sK_layout), self.qk_dtype),
             "sV": buffer(cute.cosize(sV_layout)),
         }
         if not self.config.o_in_q_buffer:
@@ -708,7 +721,7 @@ class Sm90ForwardKernel:
         sQ = rings.sQ[None, None, q_slot]
         q_registers = None
         if cutlass.const_expr(self.config.q_in_registers):
-            q_registers = RegisterOperandA.make(tiled_mma_qk, wg_mma_qk, self.dtype, sQ, tidx)
+            q_registers = RegisterOperandA.make(tiled_mma_qk, wg_mma_qk, self.qk_dtype, sQ, tidx)
             tSrQ = q_registers.fragment
         else:
             tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
@@ -780,6 +793,7 @@ class Sm90ForwardKernel:
                 pingpong.pass_turn()
             block = softmax.block_inputs(n_block)
             warpgroup.wait_group(0)
+        acc_s = self.float_scores(acc_s)
         rings.k.consumer_release(state)
         if cutlass.const_expr(self.config.masked_column_slices):
             # One compiled softmax per count of leading slices the warp can see; the switch
@@ -845,6 +859,7 @@ class Sm90ForwardKernel:
         block = softmax.block_inputs(n_block)
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
+        acc_s = self.float_scores(acc_s)
         by_sums = self.config.lazy_rescale and self.config.lazy_check_by_sums and not masked
         if cutlass.const_expr(by_sums):
             warpgroup.wait_group(0)

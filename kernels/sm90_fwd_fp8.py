@@ -1,4 +1,5 @@
-"""Hopper (sm_90a) FP8 forward attention: e4m3 Q, K, V with one descale per tile, 16-bit O.
+"""Hopper (sm_90a) FP8 forward attention: e4m3 Q, K, V with one descale per tile, 16-bit O;
+or (``fp8_qk_int8``, the accurate mode) int8 Q and K with e4m3 V.
 
 The forward kernel of sm90_fwd.py with other inputs; its pipelines, scheduling, masks and
 epilogue are the same. What changes:
@@ -40,6 +41,8 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             raise ValueError(f"{config}: the FP8 kernel needs a configuration with fp8=True")
         super().__init__(config, cutlass.Float8E4M3FN)
         self.out_dtype = out_dtype
+        if config.fp8_qk_int8:
+            self.qk_dtype = cutlass.Int8
 
     @cute.jit
     def __call__(

@@ -10,7 +10,7 @@ Lines that name source positions (``.loc``, ``.file``) and comments are dropped,
 moving code between lines is not a difference. Each file starts with the variant's
 configuration and ptxas's registers, spills and serialised wgmma groups. The variants:
 the forward selector's rows (16-bit and FP8, with and without LSE), the rows with head
-clusters, and the backward's configurations over head dims, masks, the GQA schemes,
+clusters, the FP8 rows on int8 Q and K, and the backward's configurations over head dims, masks, the GQA schemes,
 deterministic mode and both dQ schemes (first stores below ZEROED_DQ_MIN_SEQLEN_K, the
 zeroed accumulator from it).
 """
@@ -34,7 +34,9 @@ BACKWARD_SEQLENS_K = (1024, 16384)
 
 def forward_variants() -> list[tuple[str, Any]]:
     """(name, (selector row, with_lse)) of every forward kernel the selectors can pick."""
-    from flash4.dispatch import FP8_HEAD_CLUSTER_MIN_SEQLEN, HEAD_CLUSTER_MIN_SEQLEN, TABLE, select, select_fp8
+    from flash4.dispatch import (
+        FP8_DTYPE, FP8_HEAD_CLUSTER_MIN_SEQLEN, HEAD_CLUSTER_MIN_SEQLEN, TABLE, select, select_fp8,
+    )
 
     rows = [row for row in TABLE if row.arch == "sm_90a"]
     clusters = {
@@ -53,6 +55,11 @@ def forward_variants() -> list[tuple[str, Any]]:
         # tensor cores); a 16-bit row without LSE only drops its stores.
         if row.config.fp8:
             variants.append((name + "-no-lse", (row, False)))
+    # The FP8 rows' kernels on int8 Q and K (the accurate mode), with and without LSE.
+    for index, row in enumerate(r for r in rows if r.dtype == FP8_DTYPE):
+        int8 = select_fp8("sm_90a", row.head_dim, row.causal, row.min_seqlen_q, v_per_tensor=True, qk_int8=True)
+        name = f"fwd-int8-{index:02d}-d{row.head_dim}-{'causal' if row.causal else 'full'}-s{row.min_seqlen_q}"
+        variants += [(name, (int8, True)), (name + "-no-lse", (int8, False))]
     return variants
 
 

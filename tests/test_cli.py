@@ -365,14 +365,16 @@ def test_ceilings_keep_the_fastest_timing() -> None:
 
 def test_fp8_pass_shapes_count_forward_flops_and_measure_against_peers_only() -> None:
     # The fp8 pass: forward FLOPs; flash4's own bf16 forward, its FP8 call with V's layout
-    # pass and its quantizing FP8 paths (with and without the rotation) are timed beside the
-    # kernel but are no peers, and the bf16 forward is the output's
-    # reference. FP8 output is judged wrong only beyond a quarter of the largest value.
+    # pass, its quantizing FP8 paths (with and without the rotation) and its accurate mode
+    # (int8 Q and K) are timed beside the kernel but are no peers, and the bf16 forward is
+    # the output's reference. FP8 output is judged wrong only beyond a quarter of the
+    # largest value.
     (fp8,) = bench.protocol_shapes((128,), (1024,), (False,), passes=("fp8",))
     (fwd,) = bench.protocol_shapes((128,), (1024,), (False,), passes=("fwd",))
     assert fp8.pass_ == "fp8" and not fp8.backward and fp8.flops == fwd.flops and fp8.label().startswith("fp8")
     assert set(bench.PASS_PROVIDERS["fp8"]) == {
-        "flash4", "flash4-v-per-call", "flash4-quantizing", "flash4-hadamard", "flash4-bf16", "cudnn-fp8"
+        "flash4", "flash4-v-per-call", "flash4-quantizing", "flash4-hadamard", "flash4-int8-qk", "flash4-bf16",
+        "cudnn-fp8",
     }
 
     def off_by(delta: float):

@@ -163,6 +163,11 @@ def test_invalid_backward_configs_name_the_field(fields, message):
         (dict(fp8_v_per_tensor=True), "fp8_v_per_tensor=True: only with fp8=True"),
         (dict(row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor=True"),
         (dict(fp8=True, row_sum_on_tensor_cores=True), "row_sum_on_tensor_cores=True: only with fp8_v_per_tensor"),
+        (dict(fp8_qk_int8=True), "fp8_qk_int8=True: only with fp8=True"),
+        (dict(fp8=True, fp8_v_per_tensor=True, row_sum_on_tensor_cores=True, fp8_p_by_rounding=True,
+              scores_in_f16=True, fp8_qk_int8=True), "fp8_qk_int8=True: .*scores_in_f16=False"),
+        (dict(fp8=True, causal=True, skip_unseen_first_block=True, fp8_qk_int8=True),
+         "fp8_qk_int8=True: .*skip_unseen_first_block=False"),
     ],
 )
 def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):

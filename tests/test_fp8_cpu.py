@@ -4,6 +4,7 @@ checks, the selector's FP8 rows and their PTX."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -416,3 +417,70 @@ def test_f16_scores_make_p_codes_in_pairs(entry):
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     with_lse = compile_entry(entry, arch="sm_90a", with_lse=True).ptx
     assert ".f16.e4m3.e4m3" not in with_lse and "fma.rn.f16x2" not in with_lse
+
+
+# ---------------------------------------------------------------------------- int8 Q and K
+@pytest.mark.parametrize("f16_scores", (False, True))
+@pytest.mark.parametrize("v_per_tensor", (True, False), ids=("v-per-tensor", "v-blockwise"))
+def test_int8_qk_selects_the_rows_kernel_with_s32_scores(v_per_tensor, f16_scores):
+    for row in FP8_ROWS:
+        seqlen = row.min_seqlen_q
+        plain = dispatch.select_fp8("sm_90a", row.head_dim, row.causal, seqlen, v_per_tensor, f16_scores=f16_scores)
+        int8 = dispatch.select_fp8(
+            "sm_90a", row.head_dim, row.causal, seqlen, v_per_tensor, f16_scores=f16_scores, qk_int8=True
+        )
+        assert int8.config == dataclasses.replace(plain.config, fp8_qk_int8=True, scores_in_f16=False)
+
+
+def test_int8_qk_checks_name_the_argument():
+    from flash4.quantize import quantize_int8
+
+    q, k, v = _quantized()
+    q_int8, k_int8 = quantize_int8(torch.randn(1, 10, 4, 64), 192), quantize_int8(torch.randn(1, 12, 2, 64), 128)
+    with pytest.raises(ValueError, match=r"^q.values is torch.int8 but k.values is torch.float8_e4m3fn: .*both int8"):
+        check_fp8_args(q_int8._replace(hadamard=False), k, v, None, False)
+    with pytest.raises(ValueError, match=r"^v.values must be a 4-D torch.float8_e4m3fn tensor"):
+        check_fp8_args(q_int8, k_int8, v._replace(values=v.values.view(torch.int8)), None, False)
+    # Both int8, V e4m3: everything but the device is right.
+    with pytest.raises(ValueError, match=r"CUDA"):
+        check_fp8_args(q_int8, k_int8, v, None, False)
+    with pytest.raises(TypeError, match=r"^qk_int8 must be a bool"):
+        flash_attn_fp8(*(torch.randn(1, 8, 2, 64, dtype=torch.bfloat16) for _ in range(3)), qk_int8=1)
+
+
+def test_int8_raw_scores_stay_exact_through_the_shift():
+    # 127 * 127 * head_dim within 2^22 at every FP8 head dim: the integer add of 1.5 * 2^23's
+    # bits then reads as the float 1.5 * 2^23 + s, exactly.
+    import struct
+
+    from flash4.kernels.int8_scores import SHIFT_BITS, SHIFT_FLOAT, scores_fit_shift
+
+    assert struct.unpack("<f", struct.pack("<I", SHIFT_BITS))[0] == SHIFT_FLOAT
+    for head_dim in sorted({row.head_dim for row in FP8_ROWS}):
+        assert scores_fit_shift(head_dim)
+        for s in (0, 1, -1, 127 * 127 * head_dim, -127 * 127 * head_dim):
+            shifted = struct.unpack("<f", struct.pack("<I", SHIFT_BITS + s))[0]
+            assert shifted - SHIFT_FLOAT == s
+    assert scores_fit_shift(260) and not scores_fit_shift(264)
+
+
+@pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
+@pytest.mark.parametrize("entry", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS])
+def test_int8_qk_kernels_build_s8_gemms_and_shift_their_scores(entry, with_lse):
+    from flash4.compiler import compile_entry
+
+    int8 = dispatch.select_fp8("sm_90a", entry.head_dim, entry.causal, entry.min_seqlen_q, True, qk_int8=True)
+    assert int8.config.fp8_qk_int8
+    report = compile_entry(int8, arch="sm_90a", with_lse=with_lse)
+    ptx, config = report.ptx, int8.config
+    # S: s8 x s8 into s32 (saturating, never reached: the raw scores stay within 2^22), N =
+    # tile_n, in the first block and both loops; P V stays e4m3.
+    s_gemms = Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)\.satfinite\.s32\.s8\.s8", ptx))
+    assert s_gemms == Counter({f"m64n{config.tile_n}k32": 3 * config.head_dim // 32})
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx)
+    # Each score converted by the shift, where a block's S completes (three places), never by
+    # the slow conversion.
+    per_thread = 64 * config.tile_n // 128
+    assert len(re.findall(r"add\.s32 \S+, \S+, 1262485504;", ptx)) == 3 * per_thread
+    assert "cvt.rn.f32.s32" not in ptx
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0

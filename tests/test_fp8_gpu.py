@@ -138,11 +138,12 @@ def test_every_row_with_f16_scores_matches_its_model(row, seqlen_q, seqlen_k):
 
 
 def _check_per_tensor_v(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, return_lse, seed,
-                        f16_codes=False):
+                        f16_codes=False, qk_int8=False):
     """Fresh inputs, Q and K in the selected row's blocks, V per tensor, through
     flash_attn_fp8_quantized onto a poisoned allocator; checked against the model.
     ``f16_codes``: Q and K quantized to flash_attn_fp8's code limits, with which the kernel
-    without an LSE holds the scores in f16."""
+    without an LSE holds the scores in f16. ``qk_int8``: Q and K rotated and quantized to
+    int8 (the accurate mode)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (
         torch.randn(batch, s, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -150,7 +151,10 @@ def _check_per_tensor_v(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, ca
     )
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
     q_max, k_max = (blocks.q_max, blocks.k_max) if f16_codes else (448.0, 448.0)
-    q8, k8 = flash4.quantize_fp8(q, blocks.q, fp8_max=q_max), flash4.quantize_fp8(k, blocks.kv, fp8_max=k_max)
+    if qk_int8:
+        q8, k8 = flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv)
+    else:
+        q8, k8 = flash4.quantize_fp8(q, blocks.q, fp8_max=q_max), flash4.quantize_fp8(k, blocks.kv, fp8_max=k_max)
     v8 = flash4.quantize_fp8(v, None)
     poison_allocator()
     result = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=return_lse)
@@ -552,3 +556,85 @@ def test_divider_changes_no_bit(head_dim, causal, with_lse, seqlen):
     out, lse = _run_variant(q8, k8, v8, causal, with_lse, fast_tile_divmod=False, dynamic_tiles=False)
     assert not want.isnan().any() and not out.isnan().any() and torch.equal(out, want)
     assert lse is None or torch.equal(lse, want_lse)
+
+
+# ---------------------------------------------------------------------------- int8 Q and K
+# The accurate mode: int8 Q and K (s8 S GEMM, s32 scores shifted into fp32), e4m3 V and P.
+# Its model is the FP8 kernel's algorithm on the dequantized int8 inputs, with the same
+# bounds; the s32 accumulation is exact, so the LSE bound of the e4m3 accumulator is loose.
+@pytest.mark.parametrize(
+    "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
+)
+@pytest.mark.parametrize("return_lse", (True, False), ids=("lse", "no-lse"))
+def test_every_row_with_int8_qk_matches_its_model(row, return_lse):
+    seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
+    entry = dispatch.select_fp8("sm_90a", row.head_dim, row.causal, seqlen, True, group=4, qk_int8=True)
+    assert entry.config.fp8_qk_int8
+    _check_per_tensor_v(1, seqlen, seqlen, 8, 2, row.head_dim, row.causal, return_lse,
+                        seed=seqlen * 3 + row.head_dim + row.causal, qk_int8=True)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+@pytest.mark.parametrize("heads,kv_heads", ((4, 4), (4, 1)), ids=("mha", "mqa"))
+def test_int8_qk_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, heads, kv_heads):
+    _check_per_tensor_v(2, seqlen_q, seqlen_k, heads, kv_heads, head_dim, causal, True,
+                        seed=seqlen_q * 13 + seqlen_k + head_dim, qk_int8=True)
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_int8_qk_with_blockwise_v_matches_its_model(head_dim, causal):
+    q, k, v = (torch.randn(2, 777, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    blocks = fp8_blocks(head_dim, causal, 777)
+    q8, k8 = flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv)
+    v8 = flash4.quantize_fp8(v, blocks.kv)
+    poison_allocator()
+    out, lse = flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    _check(q8, k8, v8, causal, out, lse)
+
+
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_flash_attn_fp8_int8_is_the_quantized_call_on_its_quantization(head_dim, causal):
+    from flash4.quantize import quantize_fp8_transposed_v
+
+    q = torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 700, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    blocks = fp8_blocks(head_dim, causal, 1000)
+    poison_allocator()
+    want = flash4.flash_attn_fp8_quantized(
+        flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv), quantize_fp8_transposed_v(v),
+        causal=causal,
+    )
+    poison_allocator()
+    got = flash4.flash_attn_fp8(q, k, v, causal=causal, hadamard=True, qk_int8=True)
+    assert not want.isnan().any() and torch.equal(got, want)
+
+
+# FlashAttention-3's accuracy inputs (batch 2, seqlen 2048, 8 heads): N(0, 1) plus N(0, 100)
+# on 0.1% of the entries. Issue 5 asks of blockwise + Hadamard at least 2.5x less error
+# than flash4's own per-tensor mode (and at most 0.4x cuDNN's, perf/fp8_accuracy.py); the
+# float64 model of the kernel gives 3.4 / 3.1 / 2.7x with int8 Q and K.
+OWN_PER_TENSOR_RATIO = 2.5
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_int8_qk_errs_far_less_than_per_tensor_fp8_on_outliers(head_dim):
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+
+    def inputs():
+        x = torch.randn(2, 2048, 8, head_dim, device="cuda", generator=g)
+        outliers = torch.rand(x.shape, device="cuda", generator=g) < 0.001
+        return (x + outliers * torch.randn(x.shape, device="cuda", generator=g) * 10).bfloat16()
+
+    q, k, v = inputs(), inputs(), inputs()
+    exact, _ = reference.attention(q, k, v, compute_dtype=torch.float64)
+    per_tensor = flash4.flash_attn_fp8_quantized(*(flash4.quantize_fp8(t, None) for t in (q, k, v)))
+    accurate = flash4.flash_attn_fp8(q, k, v, hadamard=True, qk_int8=True)
+    rmse_per_tensor, rmse_accurate = _rms(per_tensor - exact), _rms(accurate - exact)
+    print(f"\nhead dim {head_dim}: per-tensor {rmse_per_tensor:.3g}, int8 Q K + Hadamard {rmse_accurate:.3g} "
+          f"({rmse_per_tensor / rmse_accurate:.2f}x)")
+    assert rmse_accurate * OWN_PER_TENSOR_RATIO <= rmse_per_tensor

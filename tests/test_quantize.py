@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from flash4 import reference
-from flash4.quantize import FP8_MAX, hadamard_rotate, hadamard_signs, hadamard_unrotate, quantize_fp8
+from flash4.quantize import (
+    FP8_MAX, INT8_MAX, hadamard_rotate, hadamard_signs, hadamard_unrotate, quantize_fp8, quantize_int8,
+)
 
 # e4m3 keeps 3 mantissa bits: rounding to nearest errs by at most 2^-4 of a normal value's
 # magnitude; below the smallest normal (2^-6) the step is 2^-9 (of the scaled value).
@@ -193,3 +195,54 @@ def test_blockwise_hadamard_beats_per_tensor_on_outlier_inputs():
 
     per_tensor, rotated = rmse(None, False), rmse(128, True)
     assert rotated < per_tensor / 1.5, (per_tensor, rotated)
+
+
+@pytest.mark.parametrize("block", (None, 1, 64, 128, 1000))
+@pytest.mark.parametrize("seqlen", (1, 17, 300))
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+def test_int8_round_trip_is_within_half_a_step(block, seqlen, hadamard):
+    # int8 codes: integers within ±127, each block's largest magnitude on 127, every value
+    # within half a step (its block's descale) of the (rotated) input.
+    x = _with_outliers(2, seqlen, 3, 64) * 3
+    t = quantize_int8(x.bfloat16(), block, hadamard)
+    target = hadamard_rotate(x.bfloat16()) if hadamard else x.bfloat16().float()
+    assert t.values.dtype == torch.int8 and t.fp8_max == INT8_MAX and t.hadamard == hadamard and t.block == block
+    assert int(t.values.abs().max()) <= INT8_MAX and int(t.values.min()) >= -INT8_MAX
+    blocks = 1 if block is None else -(-seqlen // block)
+    assert tuple(t.descale.shape) == (() if block is None else (2, 3, blocks))
+    rows = t.descale if block is None else t.descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2)
+    step = rows.unsqueeze(-1) if block is not None else rows
+    # Half a step, plus the float32 rounding of the product with the reciprocal (a value up
+    # to 127 steps, 2^-24 of it) and of the dequantization.
+    assert ((t.dequantize() - target).abs() <= (0.5 + INT8_MAX * 2.0**-22) * step).all()
+    # The largest code of each block (or of the tensor) is 127.
+    if block is None:
+        assert int(t.values.abs().max()) == INT8_MAX
+    else:
+        padded = torch.nn.functional.pad(t.values.abs().amax(dim=-1).int(), (0, 0, 0, blocks * block - seqlen))
+        assert (padded.view(2, blocks, block, 3).amax(dim=2) == INT8_MAX).all()
+
+
+def test_int8_keeps_scores_three_times_closer_than_e4m3_after_the_rotation():
+    # What the accurate mode rests on: on FlashAttention-3's inputs, rotated, int8's even
+    # steps round Q Kᵀ about 3x finer than e4m3's mantissa (perf/fp8_accuracy_model.py).
+    torch.manual_seed(0)
+    q, k = _with_outliers(1, 256, 2, 64), _with_outliers(1, 256, 2, 64)
+    exact = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())
+
+    def error(quantize):
+        qd, kd = (quantize(t, 128, True).dequantize().double() for t in (q, k))
+        return float((torch.einsum("bqhd,bkhd->bhqk", qd, kd) - exact).pow(2).mean().sqrt())
+
+    e4m3, int8 = error(quantize_fp8), error(quantize_int8)
+    assert int8 < e4m3 / 2.5, (e4m3, int8)
+
+
+def test_int8_arguments_name_themselves():
+    x = torch.randn(1, 4, 2, 64)
+    with pytest.raises(ValueError, match=r"^x must be \(batch, seqlen, heads, head_dim\)"):
+        quantize_int8(x[0])
+    with pytest.raises(ValueError, match=r"^block must be a positive int or None"):
+        quantize_int8(x, 0)
+    with pytest.raises(TypeError, match=r"^hadamard must be a bool"):
+        quantize_int8(x, 128, 1)
