@@ -6,7 +6,8 @@ Inputs N(0, 1) plus N(0, 100) on 0.1% of the entries (perf/fp8_accuracy_model.py
 bf16; RMSE of each output against float64 attention of those bf16 inputs, for flash4's
 FP8 kernel with per-tensor scales, blockwise scales, blockwise scales with the Hadamard
 rotation (flash_attn_fp8(hadamard=True)), the same with Q's and K's codes to
-fp8_blocks' q_max and k_max (the kernel then holds its scores in f16), cuDNN's FP8 attention (per-tensor, e4m3 output;
+fp8_blocks' q_max and k_max (the kernel then holds its scores in f16), the accurate mode
+(int8 Q and K, rotated: flash_attn_fp8(hadamard=True, qk_int8=True)), cuDNN's FP8 attention (per-tensor, e4m3 output;
 perf/peer_providers.py) and the bf16 kernels (flash4, torch SDPA). The model's prediction
 for the same inputs is perf/fp8_accuracy_model.py.
 """
@@ -45,6 +46,7 @@ def outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Call
         "flash4 fp8 blockwise": lambda: flash4.flash_attn_fp8_quantized(*blockwise),
         "flash4 fp8 blockwise + hadamard": lambda: flash4.flash_attn_fp8(q, k, v, hadamard=True),
         "flash4 fp8 blockwise + hadamard, f16 scores": lambda: flash4.flash_attn_fp8_quantized(*f16_codes),
+        "flash4 int8 qk + hadamard": lambda: flash4.flash_attn_fp8(q, k, v, hadamard=True, qk_int8=True),
         "cudnn fp8 per-tensor (fp8 out)": lambda: cudnn_out(cudnn_run()),
         "flash4 bf16": lambda: flash4.flash_attn_func(q, k, v),
         "torch sdpa bf16": lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -74,6 +76,10 @@ def main() -> None:
         if all(isinstance(x, float) for x in (best, cudnn, own)):
             row["blockwise + hadamard / cudnn"] = best / cudnn
             row["per-tensor / (blockwise + hadamard)"] = own / best
+        accurate = row.get("flash4 int8 qk + hadamard")
+        if all(isinstance(x, float) for x in (accurate, cudnn, own)):
+            row["int8 qk + hadamard / cudnn"] = accurate / cudnn
+            row["per-tensor / (int8 qk + hadamard)"] = own / accurate
         results[head_dim] = row
         print(f"d{head_dim}: " + " | ".join(f"{n} {x:.3g}" if isinstance(x, float) else f"{n} {x}"
                                             for n, x in row.items()), flush=True)
