@@ -30,7 +30,9 @@ Consumer timeline (blocks n_max-1 down to n_min; the first ones carry the masks)
   store (per tile, or per warpgroup: o_store_per_warpgroup);  LSE -> global (only in the
   variant compiled with an LSE tensor)
 FP8 rows with row_sum_on_tensor_cores issue a second GEMM beside each P V, P times ones:
-the row sums, taken one block late (kernels/tensor_core_row_sum.py).
+the row sums, taken one block late (kernels/tensor_core_row_sum.py). On int8 Q and K
+(fp8_qk_int8) each S completes in s32 and is shifted into fp32 before the mask
+(``float_scores``, kernels/int8_scores.py).
 Issuing the next S GEMM before the softmax of the current block keeps the tensor cores
 busy while the CUDA cores do the exponentials; ping-pong does the same across warpgroups.
 
