@@ -126,37 +126,25 @@ def quantize_fp8(x: Tensor, block: int | None = 128, hadamard: bool = False, fp8
     ``fp8_max``: the magnitude a block's largest value is scaled onto, a power of two up to
     e4m3's largest (448, the default). Smaller ones let the FP8 kernel hold Q Kᵀ in f16
     (``flash4.fp8``), at the cost of the values below fp8_max / 2^9, e4m3's subnormals."""
-    if x.dim() != 4:
-        raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
-    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
-        raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
-    if not isinstance(hadamard, bool):
-        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    _check_quantize_args(x, block, hadamard)
     check_fp8_max(fp8_max)
-    if hadamard:
-        _check_rotatable(x.shape[-1])
     if _gpu_kernel_takes(x, hadamard):
         from flash4.devices import on_device
 
         with on_device(x.device):
             return quantize_on_gpu(x, block, hadamard, fp8_max)
     x = hadamard_rotate(x) if hadamard else x
-    # One read for each row's largest magnitude (aminmax over the contiguous head dim; the
-    # blocks then reduce that 1/head_dim-sized tensor) and one pass that multiplies by the
-    # descales' reciprocals in float32 and rounds to e4m3 as it stores: no float32 copy, no
-    # padded copy, no |x| tensor.
+    # The descales from one read (_block_descales), then one pass that multiplies by their
+    # reciprocals in float32 and rounds to e4m3 as it stores: no float32 copy, no padded
+    # copy of x, no |x| tensor.
     values = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    low, high = torch.aminmax(x, dim=-1)
-    row_amax = torch.maximum(high, -low).float()  # (b, s, h)
+    descale = _block_descales(x, block, fp8_max)
     if block is None:
-        descale = _descale(row_amax.amax(), fp8_max)
         # A 1-element (not 0-dim) factor takes part in type promotion: the product is float32.
         torch.mul(x, (1.0 / descale).reshape(1), out=values)
         return Fp8Tensor(values, descale, None, hadamard, fp8_max)
     batch, seqlen, heads, head_dim = x.shape
-    blocks = -(-seqlen // block)
-    padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))  # small: no head dim
-    descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2), fp8_max).transpose(1, 2).contiguous()
+    blocks = descale.shape[-1]
     whole = seqlen // block
     parts = [(slice(0, whole), block)] if whole else []
     if blocks > whole:  # the last, partial block on its own: no padded copy of x
@@ -177,26 +165,12 @@ def quantize_int8(x: Tensor, block: int | None = 128, hadamard: bool = True) -> 
     the rotation (on by default here: int8's even steps are set by a block's largest value,
     which the rotation spreads) the values are near-Gaussian, and int8 rounds them about 3x
     finer than e4m3's three mantissa bits. In torch, on the CPU and on CUDA alike."""
-    if x.dim() != 4:
-        raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
-    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
-        raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
-    if not isinstance(hadamard, bool):
-        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
-    if hadamard:
-        _check_rotatable(x.shape[-1])
+    _check_quantize_args(x, block, hadamard)
     x = hadamard_rotate(x) if hadamard else x.float()
-    low, high = torch.aminmax(x, dim=-1)
-    row_amax = torch.maximum(high, -low)  # (b, s, h)
-    if block is None:
-        descale = _descale(row_amax.amax(), INT8_MAX)
-        per_row = descale
-    else:
-        batch, seqlen, heads, _ = x.shape
-        blocks = -(-seqlen // block)
-        padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))
-        descale = _descale(padded.view(batch, blocks, block, heads).amax(dim=2), INT8_MAX).transpose(1, 2).contiguous()
-        per_row = descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2).unsqueeze(-1)
+    descale = _block_descales(x, block, INT8_MAX)
+    per_row = descale
+    if block is not None:
+        per_row = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
     # The float32 product with the reciprocal, as quantize_fp8 takes it, then rounded: the
     # largest magnitude lands on INT8_MAX (up to the product's rounding), so the clamp only
     # keeps that last half step in range.
@@ -429,6 +403,33 @@ def _tensor_amax(x: Tensor) -> Tensor:
     """The largest magnitude of ``x`` as a float32 0-dim tensor, in one reduction (exact:
     every 16-bit value is a float32)."""
     return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
+
+
+def _check_quantize_args(x: Tensor, block: object, hadamard: object) -> None:
+    """The checks quantize_fp8 and quantize_int8 share, naming the argument."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be (batch, seqlen, heads, head_dim), got shape {tuple(x.shape)}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be a positive int or None (one scale per tensor), got {block!r}")
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+    if hadamard:
+        _check_rotatable(x.shape[-1])
+
+
+def _block_descales(x: Tensor, block: int | None, largest: float) -> Tensor:
+    """Each block's descale, (batch, heads, blocks) float32 (block None: the tensor's, 0-dim):
+    its largest magnitude over ``largest``. One read of ``x`` for each row's largest
+    magnitude (aminmax over the contiguous head dim); the blocks then reduce that
+    1/head_dim-sized tensor, padded (small: no head dim)."""
+    low, high = torch.aminmax(x, dim=-1)
+    row_amax = torch.maximum(high, -low).float()  # (b, s, h)
+    if block is None:
+        return _descale(row_amax.amax(), largest)
+    batch, seqlen, heads, _ = x.shape
+    blocks = -(-seqlen // block)
+    padded = torch.nn.functional.pad(row_amax, (0, 0, 0, blocks * block - seqlen))
+    return _descale(padded.view(batch, blocks, block, heads).amax(dim=2), largest).transpose(1, 2).contiguous()
 
 
 def _descale(amax: Tensor, fp8_max: float = FP8_MAX) -> Tensor:
