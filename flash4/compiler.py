@@ -346,13 +346,14 @@ def _kernel_hadamard(head_dim: int, hadamard: bool) -> Any:
 
 def compile_quantize_fp8(
     dtype_name: str, head_dim: int, block_rows: int | None, hadamard: bool = False, *options: str,
-    fp8_max: float | None = None,
+    fp8_max: float | None = None, int8: bool = False,
 ) -> Any:
     """flash4.quantize_fp8 on the GPU (kernels/quantize_fp8.py) for one input dtype, head
     dim, descale block (None: one descale per tensor), rotation (``hadamard``: the rows
-    rotated first, in the kernel) and largest value (``fp8_max``; None: e4m3's). Call it
+    rotated first, in the kernel) and largest value (``fp8_max``; None: e4m3's); with
+    ``int8``, flash4.quantize_int8 instead. Call it
     as ``fn(x, values, descale, amax)`` with torch tensors: x (batch, seqlen, heads,
-    head_dim), values e4m3 of the same shape, descale
+    head_dim), values e4m3 (int8) of the same shape, descale
     float32 (batch, heads, blocks) or, per tensor, (1,), written; amax per tensor
     ``compiled_tensor_amax``'s partial maxima (of the rotated rows, if rotating), flat,
     else None."""
@@ -364,13 +365,14 @@ def compile_quantize_fp8(
     dtype = _quantize_dtype(dtype_name)
     batch, seqlen, heads, blocks, partials = (cute.sym_int() for _ in range(5))
     x = _fake_tensor(dtype, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
-    values = _fake_tensor(cutlass.Float8E4M3FN, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
+    codes = cutlass.Int8 if int8 else cutlass.Float8E4M3FN
+    values = _fake_tensor(codes, (batch, seqlen, heads, head_dim), TMA_ALIGN_BYTES)
     per_tensor = block_rows is None
     descale = _fake_tensor(cutlass.Float32, (1,) if per_tensor else (batch, heads, blocks), LSE_ALIGN_BYTES)
     amax = _fake_tensor(cutlass.Float32, (partials,), LSE_ALIGN_BYTES) if per_tensor else None
     kernel = QuantizeFp8Rows(
         head_dim, dtype, PER_TENSOR_BLOCK_ROWS if per_tensor else block_rows, per_tensor,
-        _kernel_hadamard(head_dim, hadamard), **({} if fp8_max is None else dict(fp8_max=fp8_max)),
+        _kernel_hadamard(head_dim, hadamard), **({} if fp8_max is None else dict(fp8_max=fp8_max)), int8=int8,
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     flags = " ".join(("--enable-tvm-ffi", *options))
@@ -441,11 +443,11 @@ def compile_backward_postprocess_report(
 
 def compile_quantize_report(
     dtype_name: str, head_dim: int, block_rows: int | None, transposed_v: bool = False, amax: bool = False,
-    arch: str = "sm_90a", hadamard: bool = False,
+    arch: str = "sm_90a", hadamard: bool = False, int8: bool = False,
 ) -> CompileReport:
-    """``compile_entry`` for the FP8 quantization kernels: the rows kernel, or V's layout
-    (``transposed_v``), or the partial maxima (``amax``); the first and last rotating the
-    rows first with ``hadamard``."""
+    """``compile_entry`` for the FP8 quantization kernels: the rows kernel (``int8``: to
+    int8 codes), or V's layout (``transposed_v``), or the partial maxima (``amax``); the
+    first and last rotating the rows first with ``hadamard``."""
     if transposed_v:
         return _compile_with_report(
             lambda *flags: compile_quantize_fp8_transposed_v(dtype_name, head_dim, *flags), arch, False
@@ -455,7 +457,8 @@ def compile_quantize_report(
             lambda *flags: compile_tensor_amax(dtype_name, head_dim, hadamard, *flags), arch, False
         )
     return _compile_with_report(
-        lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, hadamard, *flags), arch, False
+        lambda *flags: compile_quantize_fp8(dtype_name, head_dim, block_rows, hadamard, *flags, int8=int8), arch,
+        False,
     )
 
 

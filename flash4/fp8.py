@@ -30,7 +30,6 @@ from flash4.quantize import (
     Fp8TransposedV,
     fp8_value_layout,
     quantize_fp8_transposed_v,
-    quantize_int8,
     quantize_on_gpu,
 )
 
@@ -82,8 +81,7 @@ def flash_attn_fp8(
     best with ``hadamard=True``), whose s32 scores the kernel converts to fp32. In the
     float64 model of the kernel's algorithm on FlashAttention-3's outlier inputs it errs
     0.29-0.37x as much as cuDNN's per-tensor FP8, e4m3 0.45-0.53x; its speed is that of
-    the fp32-score kernels at best. Not yet run on a GPU (2026-12-05); its quantization runs
-    in torch.
+    the fp32-score kernels at best. Not yet run on a GPU (2026-12-05).
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
     largest so far, so blocks with smaller descales round P more coarsely; on
@@ -114,13 +112,14 @@ def flash_attn_fp8(
     # they return is what the FP8 kernel reads: neither quantize_fp8's checks nor
     # check_fp8_args (a quarter of the call's host time) run again.
     with on_device(q.device):
-        if qk_int8:
-            q8 = quantize_int8(q, entry.config.tile_m, hadamard)
-            k8 = quantize_int8(k, entry.config.tile_n, hadamard)
-        else:
-            q8 = quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max)
-            k8 = quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max)
-        return _launch(q8, k8, quantize_fp8_transposed_v(v), problem, entry, return_lse)
+        return _launch(
+            quantize_on_gpu(q, entry.config.tile_m, hadamard, q_max, int8=qk_int8),
+            quantize_on_gpu(k, entry.config.tile_n, hadamard, k_max, int8=qk_int8),
+            quantize_fp8_transposed_v(v),
+            problem,
+            entry,
+            return_lse,
+        )
 
 
 def flash_attn_fp8_quantized(

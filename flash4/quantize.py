@@ -164,8 +164,14 @@ def quantize_int8(x: Tensor, block: int | None = 128, hadamard: bool = True) -> 
     value rounded to the nearest integer (ties to even), symmetric within ±INT8_MAX. After
     the rotation (on by default here: int8's even steps are set by a block's largest value,
     which the rotation spreads) the values are near-Gaussian, and int8 rounds them about 3x
-    finer than e4m3's three mantissa bits. In torch, on the CPU and on CUDA alike."""
+    finer than e4m3's three mantissa bits. On CUDA by kernels/quantize_fp8.py (16- and
+    32-bit inputs), bit for bit this torch definition, which runs elsewhere."""
     _check_quantize_args(x, block, hadamard)
+    if x.dtype != FP8_DTYPE and _gpu_kernel_takes(x, hadamard):
+        from flash4.devices import on_device
+
+        with on_device(x.device):
+            return quantize_on_gpu(x, block, hadamard, int8=True)
     x = hadamard_rotate(x) if hadamard else x.float()
     descale = _block_descales(x, block, INT8_MAX)
     per_row = descale
@@ -290,26 +296,30 @@ def _dtype_name(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def quantize_on_gpu(x: Tensor, block: int | None, hadamard: bool, fp8_max: float = FP8_MAX) -> Fp8Tensor:
-    """``quantize_fp8`` of a CUDA tensor the kernels take (``_gpu_kernel_takes``), without
-    its argument checks, by kernels/quantize_fp8.py, which rotates it too. Launches on the
-    current device: the caller makes it x's (``on_device``), once for all its launches."""
+def quantize_on_gpu(
+    x: Tensor, block: int | None, hadamard: bool, fp8_max: float = FP8_MAX, int8: bool = False
+) -> Fp8Tensor:
+    """``quantize_fp8`` (with ``int8``, ``quantize_int8``) of a CUDA tensor the kernels take
+    (``_gpu_kernel_takes``), without its argument checks, by kernels/quantize_fp8.py, which
+    rotates it too. Launches on the current device: the caller makes it x's (``on_device``),
+    once for all its launches."""
     from flash4.compiler import compiled_quantize_fp8
 
     x = _kernel_input(x)
     batch, seqlen, heads, head_dim = x.shape
+    largest = INT8_MAX if int8 else fp8_max
     # empty_like: the cheapest allocation torch offers (see flash4.interface).
-    values = torch.empty_like(x, dtype=FP8_DTYPE, memory_format=torch.contiguous_format)
+    values = torch.empty_like(x, dtype=torch.int8 if int8 else FP8_DTYPE, memory_format=torch.contiguous_format)
     dtype = _dtype_name(x)
     if block is None:
         descale = torch.empty((), dtype=torch.float32, device=x.device)
-        compiled_quantize_fp8(dtype, head_dim, None, hadamard, fp8_max=fp8_max)(
+        compiled_quantize_fp8(dtype, head_dim, None, hadamard, fp8_max=largest, int8=int8)(
             x, values, descale.reshape(1), _partial_maxima(x, hadamard)
         )
     else:
         descale = torch.empty(batch, heads, -(-seqlen // block), dtype=torch.float32, device=x.device)
-        compiled_quantize_fp8(dtype, head_dim, block, hadamard, fp8_max=fp8_max)(x, values, descale, None)
-    return Fp8Tensor(values, descale, block, hadamard, fp8_max)
+        compiled_quantize_fp8(dtype, head_dim, block, hadamard, fp8_max=largest, int8=int8)(x, values, descale, None)
+    return Fp8Tensor(values, descale, block, hadamard, largest)
 
 
 def _value_layout_on_gpu(v: Tensor) -> tuple[Tensor, Tensor | None]:

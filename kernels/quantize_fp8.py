@@ -1,7 +1,8 @@
 """FP8 (e4m3) quantization of attention inputs on the GPU: flash4.quantize_fp8's definition
 in one read of the input per descale block instead of torch's several passes.
 
-``QuantizeFp8Rows``: x (batch, seqlen, heads, head_dim) to e4m3 values of the same shape.
+``QuantizeFp8Rows``: x (batch, seqlen, heads, head_dim) to e4m3 values of the same shape
+(or, ``int8``, to int8 codes onto ±127: flash4.quantize_int8, the accurate mode's Q and K).
 Blockwise, each CTA owns one block of rows of one head: it loads the block into registers,
 takes its largest magnitude, writes descale = max(amax / 448, SMALLEST_DESCALE) (1 for an
 all-zero block), and stores x · (1 / descale) rounded to e4m3 from the same registers.
@@ -39,6 +40,7 @@ from cutlass import Float32, Int32
 from ..pipelines.warp_roles import THREADS_PER_WARP
 from .e4m3_codes import SMALLEST_DESCALE
 from .hadamard_rotation import HadamardSigns, RowRotation
+from .int8_scores import INT8_CODE_MAX, SHIFT_BITS
 from .inline_ptx import permute_bytes, ptx_on_f32
 from .memory_pass import LOAD_BYTES, LOADS_IN_FLIGHT, load_batches, row_vector
 from .mma_layouts import FP8_PV_KEY_ORDER
@@ -46,6 +48,8 @@ from .online_softmax import E4M3_MAX
 from .packed_convert import convert_packed
 from .wgmma import rows_first
 
+# 1.5 * 2^23 as a PTX float literal (its bits), for to_int8's rounding add.
+SHIFT_FLOAT_PTX = f"0f{SHIFT_BITS:08X}"
 # Warps of a rows CTA that does not hold its block (per tensor, or read twice), and the
 # step in which a resident one takes more: with one warp, a head-dim-256 block kept a warp
 # busy for 128 loads in turn, and 16k tokens left too few loads in flight per SM.
@@ -112,6 +116,22 @@ def to_e4m3(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr
     quotient.store(x * inverse_descale)
     values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Float8E4M3FN)
     convert_packed(quotient, values)
+    return values
+
+
+@cute.jit
+def to_int8(x: cute.TensorSSA, inverse_descale: Float32, size: cutlass.Constexpr[int]) -> cute.Tensor:
+    """``size`` float32 values times ``inverse_descale`` rounded to the nearest integer, ties
+    to even (torch.round): adding 1.5 * 2^23 rounds to an integer (floats there step by 1)
+    whose low byte is the int8 code, two's complement. ``add.rn`` keeps ptxas from fusing
+    the add with the product into one FFMA, which would round once instead of twice."""
+    quotient = cute.make_rmem_tensor(cute.make_layout(size), Float32)
+    quotient.store(x * inverse_descale)
+    values = cute.make_rmem_tensor(cute.make_layout(size), cutlass.Int8)
+    for i in cutlass.range_constexpr(size):
+        bits = ptx_on_f32(f"{{ .reg .f32 t; add.rn.f32 t, $1, {SHIFT_FLOAT_PTX}; mov.b32 $0, t; }}", (quotient[i],),
+                          Int32, pinned=False)
+        values[i] = cutlass.Int8(bits)
     return values
 
 
@@ -270,11 +290,12 @@ class QuantizeFp8Rows:
     rotated first (flash4.quantize.hadamard_rotate, in registers: RowRotation)."""
 
     def __init__(self, head_dim: int, dtype: Type[cutlass.Numeric], block_rows: int, per_tensor: bool,
-                 hadamard: Optional[HadamardSigns] = None, fp8_max: float = E4M3_MAX):
+                 hadamard: Optional[HadamardSigns] = None, fp8_max: float = E4M3_MAX, int8: bool = False):
         self.per_tensor = per_tensor
         # What a block's largest magnitude is scaled onto (e4m3's largest, or a smaller code
-        # limit: kernels/f16_scores.py).
-        self.fp8_max = fp8_max
+        # limit: kernels/f16_scores.py; int8's largest code).
+        self.fp8_max = INT8_CODE_MAX if int8 else fp8_max
+        self.int8 = int8
         # Blockwise: threads enough to hold the block in registers, if they fit on an SM.
         threads = None if per_tensor else resident_threads(RowBlock(head_dim, dtype, block_rows, ROW_THREADS, hadamard))
         self.resident = threads is not None
@@ -348,12 +369,13 @@ class QuantizeFp8Rows:
     @cute.jit
     def _store(self, piece: list, mValues: cute.Tensor, inverse_descale: Float32, turn: Int32, tidx: Int32,
                first_row: Int32, end_row: Int32, head: Int32, batch: Int32):
-        """The piece's vectors rounded to e4m3 into their places in ``mValues``, if their
-        row exists."""
+        """The piece's vectors rounded to e4m3 (or int8) into their places in ``mValues``,
+        if their row exists."""
         row, lane = self.block.place(turn, tidx, first_row)
+        to_codes = to_int8 if cutlass.const_expr(self.int8) else to_e4m3
         if row < end_row:
             for j, x in enumerate(piece):
-                values = to_e4m3(x.load().to(Float32), inverse_descale, self.block.vector)
+                values = to_codes(x.load().to(Float32), inverse_descale, self.block.vector)
                 column = lane + self.block.lanes_per_row * j
                 cute.autovec_copy(values, cute.local_tile(mValues[row, None, head, batch], (self.block.vector,),
                                                           (column,)))

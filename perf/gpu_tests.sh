@@ -28,7 +28,7 @@ segments=(
   "training|150|tests/test_autograd_gpu.py -k training -s"
   "fp8|420|tests/test_fp8_gpu.py -k not quantiz and not v_layout and not int8"
   "fp8quantize|300|tests/test_fp8_gpu.py -k (quantiz or v_layout) and not int8"
-  "fp8int8|300|tests/test_fp8_gpu.py -k int8 -s"
+  "fp8int8|420|tests/test_fp8_gpu.py -k int8 -s"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
   "fwdcandidates|200|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate"
   "bwdcandidates|300|tests/test_bwd_gpu.py -k candidate"

@@ -404,6 +404,29 @@ def test_quantize_kernel_rotates_in_registers(dtype, head_dim, block):
     assert report.ptx.count("mul.f32") == 2 * values
 
 
+@pytest.mark.parametrize(
+    "dtype,head_dim,block,hadamard",
+    [("bfloat16", 64, 128, True), ("float16", 128, 128, True), ("bfloat16", 256, 128, True), ("bfloat16", 128, None, True),
+     ("float32", 128, 64, False)],
+)
+def test_int8_quantize_kernel_rounds_by_the_shift(dtype, head_dim, block, hadamard):
+    # quantize_int8 on the GPU: the rows kernel with int8 codes onto 127 (the descale's one
+    # division is amax / 127), each value's product with the reciprocal rounded to an
+    # integer by one add.rn of 1.5 * 2^23 (never fused into an FFMA), its low byte stored:
+    # no conversion instruction, no e4m3 one, nothing spilled.
+    from flash4.compiler import compile_quantize_report
+
+    report = compile_quantize_report(dtype, head_dim, block, hadamard=hadamard, int8=True)
+    assert report.spill_bytes == 0
+    # One shift per value multiplied by the reciprocal (rotating, half of the multiplies
+    # are the rotation's scale).
+    products = report.ptx.count("mul.f32") // (2 if hadamard else 1)
+    assert len(re.findall(r"add\.rn\.f32 \S+, \S+, 0f4B400000;", report.ptx)) == products > 0
+    assert "cvt.rn.satfinite.e4m3x2.f32" not in report.ptx and "cvt.rni" not in report.ptx
+    # The descale: amax / 127 (0f42FE0000).
+    assert re.search(r"div\.rn\.f32\s+\S+,\s+\S+,\s+0f42FE0000;", report.ptx)
+
+
 @pytest.mark.parametrize("dtype", ("bfloat16", "float32", "float8_e4m3fn"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_transposed_v_kernel_transposes_through_shared_memory(dtype, head_dim):

@@ -614,6 +614,32 @@ def test_flash_attn_fp8_int8_is_the_quantized_call_on_its_quantization(head_dim,
     assert not want.isnan().any() and torch.equal(got, want)
 
 
+@pytest.mark.parametrize("block", (None, 96, 128, 192), ids=("tensor", "b96", "b128", "b192"))
+@pytest.mark.parametrize("hadamard", (False, True), ids=("plain", "hadamard"))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=("bf16", "fp16", "fp32"))
+def test_int8_quantization_on_the_gpu_is_the_torch_definition(block, hadamard, head_dim, dtype):
+    # quantize_int8's GPU kernel (the FP8 rows kernel with int8 codes, rounding by the shift)
+    # on a strided input of a ragged length with two outliers: each descale its block's
+    # largest magnitude over 127 (to an ulp, as quantize_fp8's), each code the torch
+    # definition's, on the same descales, exactly.
+    from flash4.quantize import INT8_MAX, hadamard_rotate
+
+    x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
+    x[0, 7, 1, 3] = 300.0
+    x[1, 999, 2, head_dim - 1] = -200.0
+    got = flash4.quantize_int8(x, block, hadamard)
+    assert got.values.is_cuda and got.values.dtype == torch.int8 and got.fp8_max == INT8_MAX
+    rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
+    want_descale = flash4.quantize_int8(rotated, block, hadamard=False).descale
+    assert torch.allclose(got.descale.cpu(), want_descale, rtol=2.0**-22, atol=0)
+    descale = got.descale.cpu()
+    if block is not None:
+        descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
+    want = torch.round(rotated * (1.0 / descale)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    assert torch.equal(got.values.cpu(), want)
+
+
 # FlashAttention-3's accuracy inputs (batch 2, seqlen 2048, 8 heads): N(0, 1) plus N(0, 100)
 # on 0.1% of the entries. Issue 5 asks of blockwise + Hadamard at least 2.5x less error
 # than flash4's own per-tensor mode (and at most 0.4x cuDNN's, perf/fp8_accuracy.py); the
