@@ -2,7 +2,7 @@
 each one's PTX to a folder: a refactor that is meant to change no generated code is
 checked by comparing two snapshots (before and after) file by file.
 
-    python perf/ptx_snapshot.py /tmp/before [--pass fwd|bwd|all] [--jobs 2]
+    python perf/ptx_snapshot.py /tmp/before [--pass fwd|bwd|quantize|all] [--jobs 2]
     ... edit ...
     python perf/ptx_snapshot.py /tmp/after --against /tmp/before
 
@@ -12,7 +12,8 @@ configuration and ptxas's registers, spills and serialised wgmma groups. The var
 the forward selector's rows (16-bit and FP8, with and without LSE), the rows with head
 clusters, the FP8 rows on int8 Q and K, and the backward's configurations over head dims, masks, the GQA schemes,
 deterministic mode and both dQ schemes (first stores below ZEROED_DQ_MIN_SEQLEN_K, the
-zeroed accumulator from it).
+zeroed accumulator from it); the quantization kernels (rows to e4m3 or int8, per block or
+per tensor, rotated or not; V's layout; the partial maxima) over input dtypes and head dims.
 """
 
 from __future__ import annotations
@@ -86,13 +87,38 @@ def backward_variants() -> list[tuple[str, Any]]:
     return [(f"bwd-{index:02d}-d{c.head_dim}", c) for index, c in enumerate(configs.values())]
 
 
+def quantize_variants() -> list[tuple[str, Any]]:
+    """(name, keyword arguments of compile_quantize_report) of the quantization kernels: the
+    rows kernel over 16- and 32-bit inputs, head dims, blocks (192 rows of float32 at head
+    dim 256 are read twice, not held), rotation and codes; V's layout; the partial maxima."""
+    variants = []
+    for dtype in ("bfloat16", "float32"):
+        for head_dim in (64, 128, 256):
+            for block in (None, 128, 192):
+                for hadamard in (False, True):
+                    for int8 in (False, True):
+                        name = f"quant-rows-{dtype}-d{head_dim}-b{block}-h{int(hadamard)}-{'int8' if int8 else 'e4m3'}"
+                        variants.append((name, dict(dtype_name=dtype, head_dim=head_dim, block_rows=block,
+                                                    hadamard=hadamard, int8=int8)))
+            for hadamard in (False, True):
+                variants.append((f"quant-amax-{dtype}-d{head_dim}-h{int(hadamard)}",
+                                 dict(dtype_name=dtype, head_dim=head_dim, block_rows=None, amax=True, hadamard=hadamard)))
+    for dtype in ("bfloat16", "float32", "float8_e4m3fn"):
+        for head_dim in (64, 128, 256):
+            variants.append((f"quant-vlayout-{dtype}-d{head_dim}",
+                             dict(dtype_name=dtype, head_dim=head_dim, block_rows=None, transposed_v=True)))
+    return variants
+
+
 def _compile(item: tuple[str, Any]) -> tuple[str, str]:
     name, what = item
-    from flash4.compiler import compile_backward_report, compile_entry
+    from flash4.compiler import compile_backward_report, compile_entry, compile_quantize_report
 
     if name.startswith("fwd"):
         row, with_lse = what
         report, described = compile_entry(row, arch="sm_90a", with_lse=with_lse), f"{row!r} with_lse={with_lse}"
+    elif name.startswith("quant"):
+        report, described = compile_quantize_report(**what), repr(what)
     else:
         report, described = compile_backward_report(what), repr(what)
     code = "\n".join(line for line in report.ptx.splitlines() if not _NOT_CODE.match(line))
@@ -104,13 +130,15 @@ def _compile(item: tuple[str, Any]) -> tuple[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="where to write one .ptx file per variant")
-    parser.add_argument("--pass", dest="which", choices=("fwd", "bwd", "all"), default="all")
+    parser.add_argument("--pass", dest="which", choices=("fwd", "bwd", "quantize", "all"), default="all")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles run side by side")
     parser.add_argument("--against", type=Path, help="an earlier snapshot: list the variants whose PTX differs")
     args = parser.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    variants = (forward_variants() if args.which in ("fwd", "all") else []) + (
-        backward_variants() if args.which in ("bwd", "all") else []
+    variants = (
+        (forward_variants() if args.which in ("fwd", "all") else [])
+        + (backward_variants() if args.which in ("bwd", "all") else [])
+        + (quantize_variants() if args.which in ("quantize", "all") else [])
     )
     args.folder.mkdir(parents=True, exist_ok=True)
     changed = []

@@ -41,3 +41,13 @@ def test_backward_variants_are_distinct_and_cover_every_scheme():
     for field in ("causal", "kv_accumulate", "kv_group_in_cta", "mirror_pairs", "deterministic",
                   "dq_first_stores", "staggered_warpgroups", "head_dim_split"):
         assert {getattr(c, field) for c in configs} == {False, True}, f"{field} takes one value only"
+
+
+def test_quantize_variants_cover_both_codes_and_every_kernel():
+    variants = _snapshot_module().quantize_variants()
+    names = [name for name, _ in variants]
+    assert len(names) == len(set(names))
+    kwargs = [what for _, what in variants]
+    assert {w.get("int8", False) for w in kwargs} == {False, True}
+    assert any(w.get("transposed_v") for w in kwargs) and any(w.get("amax") for w in kwargs)
+    assert {w["block_rows"] for w in kwargs} >= {None, 128, 192}
