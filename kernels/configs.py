@@ -149,6 +149,12 @@ class Sm90ForwardConfig:
     # inputs, 0.29-0.37x cuDNN's per-tensor FP8 error against e4m3's 0.45-0.53x
     # (perf/fp8_accuracy_model.py). An s32 accumulator rules out scores_in_f16.
     fp8_qk_int8: bool = False
+    # With fp8_qk_int8: the shift's FADD left out, the scores kept as 1.5 * 2^23 + s, and
+    # the softmax takes the shift off each row's max (exactly) and out of each row's
+    # constant of its FFMA (rounded once per row and block: at most 0.75 raw s32 steps of
+    # the scores, about 1% of the int8 rounding's own error; perf/h200-findings.md). One
+    # instruction a score instead of two.
+    fp8_int8_shift_in_softmax: bool = False
     # Two CTAs of adjacent query blocks of one head form a cluster and share every K and V
     # block: each loads half of it and multicasts it to both, so L2 serves each block once
     # per pair instead of twice (at head dim 128, 64 KiB of K and V per 2048 tensor clocks of
@@ -249,6 +255,8 @@ class Sm90ForwardConfig:
                 "fp8_qk_int8=True: only with fp8=True, scores_in_f16=False (an s8 wgmma accumulates in s32) and "
                 "skip_unseen_first_block=False"
             )
+        if self.fp8_int8_shift_in_softmax and not self.fp8_qk_int8:
+            raise ValueError("fp8_int8_shift_in_softmax=True: only with fp8_qk_int8=True")
         if self.consumer_warpgroups not in (2, 3):
             raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
         if self.kv_stages < 1:

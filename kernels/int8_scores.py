@@ -34,11 +34,14 @@ def scores_fit_shift(head_dim: int) -> bool:
     return INT8_CODE_MAX * INT8_CODE_MAX * head_dim < S32_SCORE_BOUND
 
 
-def float_scores(acc_s: cute.Tensor) -> cute.Tensor:
+def float_scores(acc_s: cute.Tensor, keep_shift: bool = False) -> cute.Tensor:
     """``acc_s`` (an s32 accumulator fragment, its wgmmas completed) as fp32, converted in
-    place: the returned view shares its registers."""
+    place: the returned view shares its registers. ``keep_shift``: each value left as
+    SHIFT_FLOAT + s, for a softmax that takes the shift off itself (one instruction a score
+    instead of two)."""
     scores = cute.make_tensor(cute.recast_ptr(acc_s.iterator, dtype=Float32), acc_s.layout)
     for i in range(cute.size(acc_s)):
         shifted = ptx(f"add.s32 $0, $1, {SHIFT_BITS};", (Int32(acc_s[i]),), Int32)
-        scores[i] = ptx("mov.b32 $0, $1;", (shifted,), Float32) - Float32(SHIFT_FLOAT)
+        value = ptx("mov.b32 $0, $1;", (shifted,), Float32)
+        scores[i] = value if keep_shift else value - Float32(SHIFT_FLOAT)
     return scores

@@ -287,9 +287,13 @@ class BlockScaledSoftmax(OnlineSoftmax):
     def __init__(
         self, scale_log2: Float32, rows: int, k_descales: DescaleCursor, v_descales: DescaleCursor,
         v_per_tensor: bool = False, sums_on_tensor_cores: bool = False, p_by_rounding: bool = False,
+        score_shift: float = 0.0,
     ):
         """``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
-        block; ``block_inputs`` must be asked for every key block, last first."""
+        block; ``block_inputs`` must be asked for every key block, last first.
+        ``score_shift``: a constant every raw score carries (int8 Q and K's shift, left in by
+        Sm90ForwardConfig.fp8_int8_shift_in_softmax), taken off each row's max exactly and
+        out of each row's constant."""
         super().__init__(scale_log2, rows)
         if sums_on_tensor_cores and not v_per_tensor:
             raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
@@ -307,6 +311,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
         # One V descale for all blocks (any of them): P's scale is E4M3_MAX itself, and V's
         # descale multiplies O once, in finalize.
         self.v_per_tensor = v_per_tensor
+        self.score_shift = score_shift
 
     def block_inputs(self, n_block: Int32) -> tuple:
         """Key block ``n_block``'s K and V descales, loaded from global memory while its S
@@ -346,11 +351,24 @@ class BlockScaledSoftmax(OnlineSoftmax):
             code_scale = scale * CODES_PER_OCTAVE
         for r in cutlass.range_constexpr(self.rows):
             row = s[r, None].load()
-            m_old, m_safe = self.raise_max(r, row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0) * scale, is_first, masked)
+            block_max = row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            if cutlass.const_expr(self.score_shift != 0.0):
+                # Exact: the shifted max and the shift are floats of one binade.
+                block_max = block_max - self.score_shift
+            m_old, m_safe = self.raise_max(r, block_max * scale, is_first, masked)
+            # Each row's constant; with a score shift, less the shift's share of it.
             if cutlass.const_expr(self.p_by_rounding):
-                p = row * code_scale + (code_base(p_log2) - m_safe * CODES_PER_OCTAVE)
+                scaled = row * code_scale
+                offset = code_base(p_log2) - m_safe * CODES_PER_OCTAVE
+                if cutlass.const_expr(self.score_shift != 0.0):
+                    offset = offset - self.score_shift * code_scale
+                p = scaled + offset
             else:
-                p = cute.math.exp2(row * scale - (m_safe - p_log2), fastmath=True)
+                scaled = row * scale
+                bias = m_safe - p_log2
+                if cutlass.const_expr(self.score_shift != 0.0):
+                    bias = bias + self.score_shift * scale
+                p = cute.math.exp2(scaled - bias, fastmath=True)
             s[r, None].store(p)
             if cutlass.const_expr(self.sums_on_tensor_cores):
                 partial = Float32(0.0)

@@ -306,7 +306,7 @@ class Sm90ForwardKernel:
         """The completed S accumulator as the softmax reads it: int8 Q and K's s32 scores
         converted to fp32 in place (kernels/int8_scores.py), the others as they are."""
         if cutlass.const_expr(self.config.fp8_qk_int8):
-            return float_scores(acc_s)
+            return float_scores(acc_s, keep_shift=self.config.fp8_int8_shift_in_softmax)
         return acc_s
 
     def pv_mma(self, warpgroups: int) -> cute.TiledMma:

@@ -26,6 +26,7 @@ from cutlass import Float32, Int32
 
 from .configs import Sm90ForwardConfig
 from .f16_scores import pack_codes
+from .int8_scores import SHIFT_FLOAT
 from .mma_layouts import acc_as_fp8_a_operand
 from .online_softmax import BlockScaledSoftmax, DescaleCursor
 from .packed_convert import convert_packed
@@ -103,6 +104,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
             self.p_by_rounding,
+            SHIFT_FLOAT if cutlass.const_expr(self.config.fp8_int8_shift_in_softmax) else 0.0,
         )
 
     @property

@@ -168,6 +168,7 @@ def test_invalid_backward_configs_name_the_field(fields, message):
               scores_in_f16=True, fp8_qk_int8=True), "fp8_qk_int8=True: .*scores_in_f16=False"),
         (dict(fp8=True, causal=True, skip_unseen_first_block=True, fp8_qk_int8=True),
          "fp8_qk_int8=True: .*skip_unseen_first_block=False"),
+        (dict(fp8=True, fp8_int8_shift_in_softmax=True), "fp8_int8_shift_in_softmax=True: only with fp8_qk_int8=True"),
     ],
 )
 def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):

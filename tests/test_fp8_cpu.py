@@ -464,13 +464,15 @@ def test_int8_raw_scores_stay_exact_through_the_shift():
     assert scores_fit_shift(260) and not scores_fit_shift(264)
 
 
+@pytest.mark.parametrize("shift_in_softmax", (False, True), ids=("fadd", "folded"))
 @pytest.mark.parametrize("with_lse", (False, True), ids=("no-lse", "lse"))
 @pytest.mark.parametrize("entry", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS])
-def test_int8_qk_kernels_build_s8_gemms_and_shift_their_scores(entry, with_lse):
+def test_int8_qk_kernels_build_s8_gemms_and_shift_their_scores(entry, with_lse, shift_in_softmax):
     from flash4.compiler import compile_entry
 
     int8 = dispatch.select_fp8("sm_90a", entry.head_dim, entry.causal, entry.min_seqlen_q, True, qk_int8=True)
     assert int8.config.fp8_qk_int8
+    int8 = dataclasses.replace(int8, config=dataclasses.replace(int8.config, fp8_int8_shift_in_softmax=shift_in_softmax))
     report = compile_entry(int8, arch="sm_90a", with_lse=with_lse)
     ptx, config = report.ptx, int8.config
     # S: s8 x s8 into s32 (saturating, never reached: the raw scores stay within 2^22), N =
@@ -483,4 +485,8 @@ def test_int8_qk_kernels_build_s8_gemms_and_shift_their_scores(entry, with_lse):
     per_thread = 64 * config.tile_n // 128
     assert len(re.findall(r"add\.s32 \S+, \S+, 1262485504;", ptx)) == 3 * per_thread
     assert "cvt.rn.f32.s32" not in ptx
+    # The float shift (1.5 * 2^23) taken off each score, or (folded) only off each row's
+    # max and out of its constant: a few per place, not one per score.
+    float_shifts = ptx.count("0f4B400000") + ptx.count("0fCB400000")
+    assert float_shifts >= 3 * per_thread if not shift_in_softmax else 0 < float_shifts < per_thread
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0

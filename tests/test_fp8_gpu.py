@@ -583,6 +583,21 @@ def test_int8_qk_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, heads, 
                         seed=seqlen_q * 13 + seqlen_k + head_dim, qk_int8=True)
 
 
+@pytest.mark.parametrize(
+    "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
+)
+@pytest.mark.parametrize("with_lse", (True, False), ids=("lse", "no-lse"))
+def test_candidate_int8_shift_in_softmax_matches_its_model(row, with_lse):
+    # The candidate that leaves 1.5 * 2^23 in the scores and takes it off each row's max and
+    # constant (fp8_int8_shift_in_softmax): within the model's bounds like the exact one.
+    seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
+    blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
+    q, k, v = (torch.randn(2, seqlen, h, row.head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    q8, k8, v8 = flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv), flash4.quantize_fp8(v, None)
+    out, lse = _run_variant(q8, k8, v8, row.causal, with_lse, fp8_qk_int8=True, fp8_int8_shift_in_softmax=True)
+    _check(q8, k8, v8, row.causal, out, lse)
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_int8_qk_with_blockwise_v_matches_its_model(head_dim, causal):

@@ -30,7 +30,8 @@ def test_forward_variants_cover_every_selector_row_and_the_fp8_kernels_without_l
     without_lse = {row for _, (row, with_lse) in variants if not with_lse}
     assert without_lse == {row for row in rows if row.config.fp8}
     int8 = [row for row in rows if row.config.fp8_qk_int8]
-    assert len(int8) == sum(1 for row in TABLE if row.config.fp8) * 2
+    assert len(int8) == sum(1 for row in TABLE if row.config.fp8) * 4
+    assert sum(row.config.fp8_int8_shift_in_softmax for row in int8) == len(int8) // 2
 
 
 def test_backward_variants_are_distinct_and_cover_every_scheme():
