@@ -108,7 +108,7 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
 
     def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> bench.Prepared:
         from flash4.fp8 import OUT_DTYPE, tile_descales
-        from flash4.quantize import fp8_value_layout, quantize_fp8
+        from flash4.quantize import fp8_value_layout, quantize_fp8, quantize_int8
 
         config = entry.config
         # Without an LSE, as flash_attn_fp8 runs by default (and as the bench times it).
@@ -116,6 +116,9 @@ def fp8_candidate(entry: KernelEntry, diffs: dict[str, float], label: str) -> Ca
         q8, k8, v8 = quantize_fp8(q, config.tile_m), quantize_fp8(k, config.tile_n), quantize_fp8(v, None)
         if config.scores_in_f16:
             q8, k8 = bounded_codes(q8, k8, q.shape[-1])
+        if config.fp8_qk_int8:
+            # The accurate mode's inputs: int8 Q and K, rotated.
+            q8, k8 = quantize_int8(q, config.tile_m), quantize_int8(k, config.tile_n)
         batch, seqlen_q, heads, _ = q.shape
         kv_heads, blocks_q, blocks_k = k.shape[2], -(-seqlen_q // config.tile_m), -(-k.shape[1] // config.tile_n)
         vt = fp8_value_layout(v8.values)
