@@ -4,7 +4,9 @@
 
 Wall time of ``calls`` back-to-back calls followed by one synchronize, divided by calls:
 what a framework pays per attention call when the kernel itself takes a few microseconds.
-Shape: batch 1, seqlen 128, 16 heads, head dim 64, bf16. ``--breakdown`` times each step
+Shape: batch 1, seqlen 128, 16 heads, head dim 64, bf16; beside flash4's call, its kernel
+alone, its call under torch.compile and its custom op called eagerly (flash4/custom_ops.py),
+SDPA and flash-attn-4. ``--breakdown`` times each step
 of ``flash_attn_func`` on its own instead. ``--fp8``: the same for the FP8 calls, on the
 bench's FP8 inputs (Q and K blockwise, V per tensor and laid out beforehand), beside
 cuDNN's FP8 graph where it imports; with ``--breakdown``, each step of
@@ -215,6 +217,13 @@ def main() -> None:
         providers["fa4"] = lambda: fa4(q, k, v)
     except ImportError:
         pass
+    # Under torch.compile the call is flash4's custom op (flash4/custom_ops.py) in a graph of
+    # one node: what the dispatcher's custom-op path and the compiled graph's call cost.
+    compiled = torch.compile(lambda q, k, v: flash4.flash_attn_func(q, k, v), fullgraph=True)
+    providers["flash4 under torch.compile"] = lambda: compiled(q, k, v)
+    providers["flash4 custom op, eager"] = lambda: torch.ops.flash4.attention_forward(
+        q, k, v, HEAD_DIM**-0.5, False, False, False
+    )
     for name, fn in providers.items():
         print(f"{name:28s} {per_call_us(fn, args.calls):7.1f} us per call", flush=True)
 
