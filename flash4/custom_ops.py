@@ -22,6 +22,8 @@ from flash4.backward import attention_backward as backward_kernels
 from flash4.backward import check_backward_supported
 from flash4.checks import check_attention_args, resolve_softmax_scale
 from flash4.forward import run_forward
+from flash4.fp8 import OUT_DTYPE as FP8_OUT_DTYPE
+from flash4.fp8 import flash_attn_fp8
 
 # An op's outputs are tensors, never None: the forward op's LSE when it was not asked for.
 _NO_LSE_SHAPE = (0,)
@@ -102,6 +104,39 @@ def _backward_formula(ctx, dout: torch.Tensor, _dlse: torch.Tensor) -> tuple:
 
 
 attention_forward.register_autograd(_backward_formula, setup_context=_save_for_backward)
+
+
+@torch.library.custom_op("flash4::fp8_attention", mutates_args=())
+def fp8_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, hadamard: bool,
+    return_lse: bool, qk_int8: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, LSE) of ``flash_attn_fp8`` (quantization included); without ``return_lse`` the
+    LSE is empty. Forward only: flash_attn_fp8 refuses inputs that require grad while it is
+    traced."""
+    return fp8_outputs(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8)
+
+
+def fp8_outputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, hadamard: bool,
+    return_lse: bool, qk_int8: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 op's work: the eager call (a module function, as ``forward_outputs``)."""
+    result = flash_attn_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8)
+    if return_lse:
+        return result
+    return result, q.new_empty(_NO_LSE_SHAPE, dtype=torch.float32)
+
+
+@fp8_attention.register_fake
+def _fp8_attention_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, hadamard: bool,
+    return_lse: bool, qk_int8: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen_q, heads, _ = q.shape
+    out = torch.empty_like(q, dtype=FP8_OUT_DTYPE, memory_format=torch.contiguous_format)
+    lse_shape = (batch, heads, seqlen_q) if return_lse else _NO_LSE_SHAPE
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def compiled_attention(

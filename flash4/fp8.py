@@ -93,11 +93,10 @@ def flash_attn_fp8(
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(qk_int8, bool):
         raise TypeError(f"qk_int8 must be a bool, got {type(qk_int8).__name__}")
+    if torch.compiler.is_compiling():
+        return _traced_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8)
     problem = check_attention_args(q, k, v, softmax_scale, causal)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
-        )
+    _refuse_grad(q, k, v)
     # Q's and K's codes within code_limits keep Q Kᵀ inside f16, so the kernel holds its
     # scores there (without an LSE); e4m3 keeps its relative precision at any scale, and
     # on FlashAttention-3's inputs the outputs erred as with codes to 448 (README, FP8).
@@ -120,6 +119,24 @@ def flash_attn_fp8(
             entry,
             return_lse,
         )
+
+
+def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(
+            "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
+        )
+
+
+def _traced_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8):
+    """flash_attn_fp8 as torch.compile traces it: one node of the graph (flash4/custom_ops.py,
+    which runs the eager call); the tensors' checks run there, before the launch."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _refuse_grad(q, k, v)
+    scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
+    out, lse = torch.ops.flash4.fp8_attention(q, k, v, scale, causal, hadamard, return_lse, qk_int8)
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_fp8_quantized(

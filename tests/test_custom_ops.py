@@ -166,3 +166,61 @@ def test_eager_calls_do_not_take_the_custom_ops(reference_kernels):
     with pytest.raises(ValueError, match="flash4 needs CUDA tensors"):
         flash4.flash_attn_func(q, q, q)
     assert reference_kernels == {"forward": 0, "backward": 0}
+
+
+# ---------------------------------------------------------------------------- FP8
+def _reference_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8):
+    # The FP8 call's shapes and dtypes: bf16 out (contiguous), float32 LSE or an empty one.
+    out, lse = reference.attention(q, k, v, softmax_scale, causal)
+    out = torch.empty_like(q, dtype=torch.bfloat16, memory_format=torch.contiguous_format).copy_(out)
+    return out, lse.contiguous() if return_lse else q.new_empty((0,), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("return_lse", (False, True), ids=("out", "lse"))
+def test_compiled_fp8_call_is_one_node(monkeypatch, return_lse):
+    calls = []
+
+    def fp8(*args):
+        calls.append(args[4:])
+        return _reference_fp8(*args)
+
+    monkeypatch.setattr(custom_ops, "fp8_outputs", fp8)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    call = torch.compile(
+        lambda q, k, v: flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True, return_lse=return_lse,
+                                              qk_int8=True),
+        backend=backend, fullgraph=True,
+    )
+    q, k, v = (torch.randn(1, 33, h, 64, dtype=torch.bfloat16) for h in (4, 2, 2))
+    result = call(q, k, v)
+    # One node, and the picks of its outputs: nothing of the quantization in the graph.
+    assert [t for t in targets if "getitem" not in t] == ["flash4.fp8_attention"]
+    assert calls == [(True, True, return_lse, True)]
+    want = _reference_fp8(q, k, v, 64**-0.5, True, True, return_lse, True)
+    got = result if return_lse else (result,)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fp8_fake_outputs_are_shaped_like_the_real_ones():
+    q = torch.randn(2, 4, 7, 64, dtype=torch.bfloat16).transpose(1, 2)
+    k, v = torch.randn(2, 5, 2, 64, dtype=torch.bfloat16), torch.randn(2, 5, 2, 64, dtype=torch.bfloat16)
+    for return_lse in (False, True):
+        real = _reference_fp8(q, k, v, 0.125, False, False, return_lse, False)
+        with FakeTensorMode() as mode:
+            fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+            fake = torch.ops.flash4.fp8_attention(fq, fk, fv, 0.125, False, False, return_lse, False)
+        for want, got in zip(real, fake):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+
+
+def test_compiled_fp8_call_refuses_grad_while_tracing(monkeypatch):
+    monkeypatch.setattr(custom_ops, "fp8_outputs", _reference_fp8)
+    x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(_TRACE_ERRORS, match="flash_attn_fp8 is forward only"):
+        torch.compile(lambda x: flash4.flash_attn_fp8(x, x, x), fullgraph=True)(x)

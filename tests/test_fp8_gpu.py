@@ -679,3 +679,22 @@ def test_int8_qk_errs_far_less_than_per_tensor_fp8_on_outliers(head_dim):
     print(f"\nhead dim {head_dim}: per-tensor {rmse_per_tensor:.3g}, int8 Q K + Hadamard {rmse_accurate:.3g} "
           f"({rmse_per_tensor / rmse_accurate:.2f}x)")
     assert rmse_accurate * OWN_PER_TENSOR_RATIO <= rmse_per_tensor
+
+
+@pytest.mark.parametrize("qk_int8", (False, True), ids=("e4m3", "int8-qk"))
+@pytest.mark.parametrize("return_lse", (False, True), ids=("out", "lse"))
+def test_compiled_fp8_call_runs_the_same_kernels(return_lse, qk_int8):
+    # Under torch.compile flash_attn_fp8 is one node (flash4/custom_ops.py) that runs the
+    # eager call: the same quantization and kernels, the same bits.
+    q, k, v = (torch.randn(2, 700, h, 128, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+
+    def call(q, k, v):
+        return flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True, return_lse=return_lse, qk_int8=qk_int8)
+
+    torch._dynamo.reset()
+    poison_allocator()
+    got = torch.compile(call, fullgraph=True)(q, k, v)
+    want = call(q, k, v)
+    got, want = (got, want) if return_lse else ((got,), (want,))
+    assert not want[0].isnan().any()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
