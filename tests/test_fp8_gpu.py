@@ -269,6 +269,22 @@ def test_flash_attn_func_and_transposed_v_run_the_same_kernel(head_dim):
     assert torch.equal(out_t, want) and torch.equal(lse_t, want_lse)
 
 
+def _strided_with_outliers(head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """A strided input (every other head-dim-sized slice of its rows) of a ragged length
+    (1000 rows: a partial last block, a partial key group) with two outliers."""
+    x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
+    x[0, 7, 1, 3] = 300.0
+    x[1, 999, 2, head_dim - 1] = -200.0
+    return x
+
+
+def _per_row(descale: torch.Tensor, block: int | None, seqlen: int) -> torch.Tensor:
+    """Descales (batch, heads, blocks), or one per tensor, broadcast to (batch, seqlen, heads, 1)."""
+    if block is None:
+        return descale
+    return descale.repeat_interleave(block, dim=2)[:, :, :seqlen].transpose(1, 2).unsqueeze(-1)
+
+
 # Every descale block the FP8 selector's rows use: their query tiles (128, 192) and key
 # tiles (96 at head dim 128 unmasked from 4k, 128), and one per tensor.
 @pytest.mark.parametrize("block", (None, 96, 128, 192), ids=("tensor", "b96", "b128", "b192"))
@@ -287,17 +303,12 @@ def test_quantization_and_v_layout_on_the_gpu(block, hadamard, head_dim, dtype, 
     # byte. float32 at head dim 256 in blocks of 192 rows is read twice (not held).
     from flash4.quantize import FP8_DTYPE, FP8_MAX, hadamard_rotate
 
-    x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
-    x[0, 7, 1, 3] = 300.0
-    x[1, 999, 2, head_dim - 1] = -200.0
+    x = _strided_with_outliers(head_dim, dtype)
     got = flash4.quantize_fp8(x, block, hadamard, fp8_max)
     rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
     want_descale = flash4.quantize_fp8(rotated, block, fp8_max=fp8_max).descale
+    want = (rotated * (1.0 / _per_row(got.descale.cpu(), block, x.shape[1]))).to(FP8_DTYPE)
     assert torch.allclose(got.descale.cpu(), want_descale, rtol=2.0**-22, atol=0)
-    descale = got.descale.cpu()
-    if block is not None:
-        descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
-    want = (rotated * (1.0 / descale)).to(FP8_DTYPE)
     assert torch.equal(got.values.cpu().view(torch.uint8), want.view(torch.uint8))
     if not hadamard:
         on_cpu = flash4.Fp8Tensor(got.values.cpu(), got.descale.cpu(), block, False)
@@ -640,19 +651,14 @@ def test_int8_quantization_on_the_gpu_is_the_torch_definition(block, hadamard, h
     # definition's, on the same descales, exactly.
     from flash4.quantize import INT8_MAX, hadamard_rotate
 
-    x = (torch.randn(2, 1000, 3, 2 * head_dim, dtype=dtype, device="cuda") * 5)[..., :head_dim]
-    x[0, 7, 1, 3] = 300.0
-    x[1, 999, 2, head_dim - 1] = -200.0
+    x = _strided_with_outliers(head_dim, dtype)
     got = flash4.quantize_int8(x, block, hadamard)
     assert got.values.is_cuda and got.values.dtype == torch.int8 and got.fp8_max == INT8_MAX
     rotated = (hadamard_rotate(x) if hadamard else x).float().cpu()
     want_descale = flash4.quantize_int8(rotated, block, hadamard=False).descale
     assert torch.allclose(got.descale.cpu(), want_descale, rtol=2.0**-22, atol=0)
-    descale = got.descale.cpu()
-    if block is not None:
-        descale = descale.repeat_interleave(block, dim=2)[:, :, : x.shape[1]].transpose(1, 2).unsqueeze(-1)
-    want = torch.round(rotated * (1.0 / descale)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    assert torch.equal(got.values.cpu(), want)
+    quotient = rotated * (1.0 / _per_row(got.descale.cpu(), block, x.shape[1]))
+    assert torch.equal(got.values.cpu(), torch.round(quotient).clamp(-INT8_MAX, INT8_MAX).to(torch.int8))
 
 
 # FlashAttention-3's accuracy inputs (batch 2, seqlen 2048, 8 heads): N(0, 1) plus N(0, 100)
