@@ -4,8 +4,9 @@ Dynamo cannot trace a kernel launch, so while it compiles, ``flash_attn_func`` c
 these ops, and the graph holds each call as one node: the fake implementations give the
 compiler the outputs' shapes and strides (the real ones allocate exactly those), and the
 registered autograd formula puts the backward op into AOTAutograd's backward graph, so a
-compiled training step runs flash4's backward kernels with no graph break. ``flash_attn_fp8``
-(forward only) is one op too, its quantization inside.
+compiled training step runs flash4's backward kernels with no graph break. The FP8 calls
+(forward only) are one op each: ``flash_attn_fp8``, its quantization inside, and
+``flash_attn_fp8_quantized``, on the parts of its quantized inputs.
 
 Eager calls do not come here: through the dispatcher's custom-op path a call with a
 (1, 128, 16, 64) tensor cost 17 µs against 4 µs for the same Python function called
@@ -24,7 +25,8 @@ from flash4.backward import check_backward_supported
 from flash4.checks import check_attention_args, resolve_softmax_scale
 from flash4.forward import run_forward
 from flash4.fp8 import OUT_DTYPE as FP8_OUT_DTYPE
-from flash4.fp8 import flash_attn_fp8
+from flash4.fp8 import flash_attn_fp8, flash_attn_fp8_quantized
+from flash4.quantize import Fp8Tensor, Fp8TransposedV
 
 # An op's outputs are tensors, never None: the forward op's LSE when it was not asked for.
 _NO_LSE_SHAPE = (0,)
@@ -138,6 +140,50 @@ def _fp8_attention_fake(
     out = torch.empty_like(q, dtype=FP8_OUT_DTYPE, memory_format=torch.contiguous_format)
     lse_shape = (batch, heads, seqlen_q) if return_lse else _NO_LSE_SHAPE
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("flash4::fp8_attention_quantized", mutates_args=())
+def fp8_attention_quantized(
+    q_values: torch.Tensor, q_descale: torch.Tensor, q_block: int, q_hadamard: bool, q_max: float, q_seqlen: int,
+    k_values: torch.Tensor, k_descale: torch.Tensor, k_block: int, k_hadamard: bool, k_max: float, k_seqlen: int,
+    v_values: torch.Tensor, v_descale: torch.Tensor, v_block: int, v_hadamard: bool, v_max: float, v_seqlen: int,
+    softmax_scale: float, causal: bool, return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, LSE) of ``flash_attn_fp8_quantized`` from each quantized tensor's parts (an op
+    takes tensors and numbers, not NamedTuples): values, descale, block (0: per tensor),
+    rotation, largest code and, for V laid out by ``transpose_fp8_v``, its keys (-1: an
+    Fp8Tensor)."""
+    tensors = [
+        _quantized(*parts) for parts in (
+            (q_values, q_descale, q_block, q_hadamard, q_max, q_seqlen),
+            (k_values, k_descale, k_block, k_hadamard, k_max, k_seqlen),
+            (v_values, v_descale, v_block, v_hadamard, v_max, v_seqlen),
+        )
+    ]
+    return fp8_quantized_outputs(*tensors, softmax_scale, causal, return_lse)
+
+
+def _quantized(values, descale, block: int, hadamard: bool, largest: float, seqlen: int):
+    if seqlen >= 0:
+        return Fp8TransposedV(values, descale, block or None, seqlen)
+    return Fp8Tensor(values, descale, block or None, hadamard, largest)
+
+
+def fp8_quantized_outputs(q, k, v, softmax_scale: float, causal: bool, return_lse: bool) -> tuple:
+    """The quantized FP8 op's work: the eager call (a module function, as ``forward_outputs``)."""
+    result = flash_attn_fp8_quantized(q, k, v, softmax_scale, causal, return_lse)
+    if return_lse:
+        return result
+    return result, q.values.new_empty(_NO_LSE_SHAPE, dtype=torch.float32)
+
+
+@fp8_attention_quantized.register_fake
+def _fp8_attention_quantized_fake(q_values, *parts) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse = parts[-1]
+    batch, seqlen_q, heads, _ = q_values.shape
+    out = torch.empty_like(q_values, dtype=FP8_OUT_DTYPE, memory_format=torch.contiguous_format)
+    lse_shape = (batch, heads, seqlen_q) if return_lse else _NO_LSE_SHAPE
+    return out, q_values.new_empty(lse_shape, dtype=torch.float32)
 
 
 def compiled_attention(

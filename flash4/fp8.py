@@ -24,6 +24,7 @@ from flash4.devices import device_arch, device_sms, on_device
 from flash4.forward import LOG2_E
 from flash4.kernels.f16_scores import code_limits, scores_fit_f16
 from flash4.quantize import FP8_DTYPE as TORCH_FP8_DTYPE
+from flash4.quantize import FP8_MAX as TORCH_FP8_MAX
 from flash4.quantize import (
     FP8_KEY_GROUP,
     Fp8Tensor,
@@ -139,6 +140,27 @@ def _traced_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8):
     return (out, lse) if return_lse else out
 
 
+def _traced_fp8_quantized(q, k, v, softmax_scale, causal, return_lse):
+    """flash_attn_fp8_quantized as torch.compile traces it: one node of the graph
+    (flash4/custom_ops.py) taking each quantized tensor's parts, which it reassembles for
+    the eager call; every check of the parts runs there, before the launch."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    parts = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, (Fp8Tensor, Fp8TransposedV)):
+            raise TypeError(f"{name} must be a flash4.Fp8Tensor or flash4.Fp8TransposedV, got {type(t).__name__}")
+        transposed = isinstance(t, Fp8TransposedV)
+        parts += [
+            t.values, t.descale, t.block or 0, False if transposed else t.hadamard,
+            TORCH_FP8_MAX if transposed else t.fp8_max, t.seqlen if transposed else -1,
+        ]
+    head_dim = q.values.shape[-1]
+    scale = resolve_softmax_scale(softmax_scale, head_dim)
+    out, lse = torch.ops.flash4.fp8_attention_quantized(*parts, scale, causal, return_lse)
+    return (out, lse) if return_lse else out
+
+
 def flash_attn_fp8_quantized(
     q: Fp8Tensor,
     k: Fp8Tensor,
@@ -161,6 +183,8 @@ def flash_attn_fp8_quantized(
     from the call without (by P's rounding in the sum, largest on rows of few keys)."""
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if torch.compiler.is_compiling():
+        return _traced_fp8_quantized(q, k, v, softmax_scale, causal, return_lse)
     problem = check_fp8_args(q, k, v, softmax_scale, causal)
     device = q.values.device
     entry = select_fp8(

@@ -224,3 +224,45 @@ def test_compiled_fp8_call_refuses_grad_while_tracing(monkeypatch):
     x = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)
     with pytest.raises(_TRACE_ERRORS, match="flash_attn_fp8 is forward only"):
         torch.compile(lambda x: flash4.flash_attn_fp8(x, x, x), fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("qk_int8", (False, True), ids=("e4m3", "int8-qk"))
+@pytest.mark.parametrize("transposed_v", (False, True), ids=("v", "v-laid-out"))
+def test_compiled_quantized_fp8_call_is_one_node_of_the_parts(monkeypatch, qk_int8, transposed_v):
+    # flash_attn_fp8_quantized takes NamedTuples; its op takes their parts and reassembles
+    # them for the eager call: the same values, descales, blocks, rotation, codes, V layout.
+    from flash4.fp8 import fp8_blocks
+
+    received = []
+
+    def quantized(q, k, v, softmax_scale, causal, return_lse):
+        received.append((q, k, v, softmax_scale, causal, return_lse))
+        out = reference.attention(q.dequantize(), k.dequantize(), v.dequantize(), softmax_scale, causal)[0]
+        return out.to(torch.bfloat16).contiguous(), q.values.new_empty((0,), dtype=torch.float32)
+
+    monkeypatch.setattr(custom_ops, "fp8_quantized_outputs", quantized)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    q, k, v = (torch.randn(1, 40, h, 64) for h in (4, 2, 2))
+    blocks = fp8_blocks(64, True, 40)
+    quantize = flash4.quantize_int8 if qk_int8 else (lambda x, block: flash4.quantize_fp8(x, block, True))
+    q8, k8 = quantize(q, blocks.q), quantize(k, blocks.kv)
+    v8 = flash4.quantize_fp8(v, None)
+    v8 = flash4.transpose_fp8_v(v8) if transposed_v else v8
+    call = torch.compile(lambda q8, k8, v8: flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True),
+                         backend=backend, fullgraph=True)
+    out = call(q8, k8, v8)
+    # One node (beside the picks of its outputs and any scalar the tracer keeps symbolic).
+    assert [t for t in targets if "getitem" not in t and "sym_" not in t] == ["flash4.fp8_attention_quantized"]
+    ((got_q, got_k, got_v, scale, causal, return_lse),) = received
+    assert (scale, causal, return_lse) == (64**-0.5, True, False)
+    for got, want in ((got_q, q8), (got_k, k8), (got_v, v8)):
+        assert type(got) is type(want)
+        assert torch.equal(got.values.view(torch.uint8), want.values.view(torch.uint8))
+        assert torch.equal(got.descale, want.descale)
+        assert got._replace(values=None, descale=None) == want._replace(values=None, descale=None)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape

@@ -704,3 +704,29 @@ def test_compiled_fp8_call_runs_the_same_kernels(return_lse, qk_int8):
     got, want = (got, want) if return_lse else ((got,), (want,))
     assert not want[0].isnan().any()
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("qk_int8", (False, True), ids=("e4m3", "int8-qk"))
+@pytest.mark.parametrize("return_lse", (False, True), ids=("out", "lse"))
+def test_compiled_quantized_fp8_call_runs_the_same_kernel(return_lse, qk_int8):
+    # Under torch.compile flash_attn_fp8_quantized is one node of its inputs' parts
+    # (flash4/custom_ops.py), reassembled for the eager call: the same kernel, the same bits.
+    q, k, v = (torch.randn(2, 900, h, 128, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
+    blocks = fp8_blocks(128, True, 900)
+    if qk_int8:
+        q8, k8 = flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv)
+    else:
+        q8 = flash4.quantize_fp8(q, blocks.q, True, blocks.q_max)
+        k8 = flash4.quantize_fp8(k, blocks.kv, True, blocks.k_max)
+    v8 = flash4.transpose_fp8_v(flash4.quantize_fp8(v, None))
+
+    def call(q8, k8, v8):
+        return flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=return_lse)
+
+    torch._dynamo.reset()
+    poison_allocator()
+    got = torch.compile(call, fullgraph=True)(q8, k8, v8)
+    want = call(q8, k8, v8)
+    got, want = (got, want) if return_lse else ((got,), (want,))
+    assert not want[0].isnan().any()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
