@@ -46,8 +46,8 @@ def flash_attn_func(
     ``.kv`` for k and v),
     run the FP8 kernel (see ``flash4.flash_attn_fp8_quantized``); out is bf16, forward only.
 
-    Under torch.compile the 16-bit call is one node of the graph, forward and backward
-    (flash4/custom_ops.py); a call with descales breaks the graph and runs eagerly.
+    Under torch.compile the call is one node of the graph (flash4/custom_ops.py): the
+    16-bit one forward and backward, the one with descales forward only.
     """
     if q_descale is not None or k_descale is not None or v_descale is not None:
         return _fp8_attention(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, return_lse)

@@ -266,3 +266,35 @@ def test_compiled_quantized_fp8_call_is_one_node_of_the_parts(monkeypatch, qk_in
         assert torch.equal(got.descale, want.descale)
         assert got._replace(values=None, descale=None) == want._replace(values=None, descale=None)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
+
+
+def test_compiled_call_with_descales_reaches_the_quantized_op(monkeypatch):
+    # flash_attn_func with e4m3 tensors and descales goes through flash_attn_fp8_quantized,
+    # whose op it becomes under torch.compile: one node, the descales passed through.
+    from flash4.fp8 import fp8_blocks
+
+    received = []
+
+    def quantized(q, k, v, softmax_scale, causal, return_lse):
+        received.append((q.block, k.block, v.block, torch.equal(v.descale, v8.descale)))
+        out = reference.attention(q.dequantize(), k.dequantize(), v.dequantize(), softmax_scale, causal)[0]
+        return out.to(torch.bfloat16).contiguous(), q.values.new_empty((0,), dtype=torch.float32)
+
+    monkeypatch.setattr(custom_ops, "fp8_quantized_outputs", quantized)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    q, k, v = (torch.randn(1, 40, h, 64) for h in (4, 2, 2))
+    blocks = fp8_blocks(64, True, 40)
+    q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, blocks.kv)
+    call = torch.compile(
+        lambda q, k, v, qd, kd, vd: flash4.flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd,
+                                                           v_descale=vd),
+        backend=backend, fullgraph=True,
+    )
+    out = call(q8.values, k8.values, v8.values, q8.descale, k8.descale, v8.descale)
+    assert [t for t in targets if "getitem" not in t and "sym_" not in t] == ["flash4.fp8_attention_quantized"]
+    assert received == [(blocks.q, blocks.kv, blocks.kv, True)] and out.dtype == torch.bfloat16
