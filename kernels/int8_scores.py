@@ -1,8 +1,9 @@
 """The FP8 forward's scores from int8 Q and K (``Sm90ForwardConfig.fp8_qk_int8``): an s8 wgmma
 accumulates Q Kᵀ in s32, and the fp32 softmax takes them converted, exactly.
 
-``cvt.rn.f32.s32`` issues 16 a clock per SM, as slowly as MUFU's exponentials, which the
-FP8 loop already avoids. Instead, for |s| < 2^22, adding 1.5 · 2^23's bits to s as an
+``cvt.rn.f32.s32`` issues 16 a clock per SM (the CUDA programming guide's throughput table
+for sm_90; not measured here), as slowly as MUFU's exponentials, which the FP8 loop
+already avoids. Instead, for |s| < 2^22, adding 1.5 · 2^23's bits to s as an
 integer gives the bits of the float 1.5 · 2^23 + s (a float on [2^23, 2^24) steps by
 1, so s lands in its mantissa), and one FADD of -1.5 · 2^23 leaves s itself: one integer
 add and one FADD a score, both on pipes that issue 64 and 128 a clock.
