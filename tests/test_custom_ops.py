@@ -226,6 +226,30 @@ def test_compiled_fp8_call_refuses_grad_while_tracing(monkeypatch):
         torch.compile(lambda x: flash4.flash_attn_fp8(x, x, x), fullgraph=True)(x)
 
 
+def _quantized_op_in_reference(monkeypatch):
+    """The quantized FP8 op's work done by the reference maths on what it reassembled, which
+    is kept; and a backend that keeps the graph's call targets: (received, backend, targets)."""
+    received, targets = [], []
+
+    def quantized(q, k, v, softmax_scale, causal, return_lse):
+        received.append((q, k, v, softmax_scale, causal, return_lse))
+        out = reference.attention(q.dequantize(), k.dequantize(), v.dequantize(), softmax_scale, causal)[0]
+        return out.to(torch.bfloat16).contiguous(), q.values.new_empty((0,), dtype=torch.float32)
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    monkeypatch.setattr(custom_ops, "fp8_quantized_outputs", quantized)
+    return received, backend, targets
+
+
+def _compute_nodes(targets: list[str]) -> list[str]:
+    """The graph's calls but the picks of an op's outputs and scalars the tracer keeps
+    symbolic."""
+    return [t for t in targets if "getitem" not in t and "sym_" not in t]
+
+
 @pytest.mark.parametrize("qk_int8", (False, True), ids=("e4m3", "int8-qk"))
 @pytest.mark.parametrize("transposed_v", (False, True), ids=("v", "v-laid-out"))
 def test_compiled_quantized_fp8_call_is_one_node_of_the_parts(monkeypatch, qk_int8, transposed_v):
@@ -233,20 +257,7 @@ def test_compiled_quantized_fp8_call_is_one_node_of_the_parts(monkeypatch, qk_in
     # them for the eager call: the same values, descales, blocks, rotation, codes, V layout.
     from flash4.fp8 import fp8_blocks
 
-    received = []
-
-    def quantized(q, k, v, softmax_scale, causal, return_lse):
-        received.append((q, k, v, softmax_scale, causal, return_lse))
-        out = reference.attention(q.dequantize(), k.dequantize(), v.dequantize(), softmax_scale, causal)[0]
-        return out.to(torch.bfloat16).contiguous(), q.values.new_empty((0,), dtype=torch.float32)
-
-    monkeypatch.setattr(custom_ops, "fp8_quantized_outputs", quantized)
-    targets = []
-
-    def backend(gm, example_inputs):
-        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
-        return gm
-
+    received, backend, targets = _quantized_op_in_reference(monkeypatch)
     q, k, v = (torch.randn(1, 40, h, 64) for h in (4, 2, 2))
     blocks = fp8_blocks(64, True, 40)
     quantize = flash4.quantize_int8 if qk_int8 else (lambda x, block: flash4.quantize_fp8(x, block, True))
@@ -256,8 +267,7 @@ def test_compiled_quantized_fp8_call_is_one_node_of_the_parts(monkeypatch, qk_in
     call = torch.compile(lambda q8, k8, v8: flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True),
                          backend=backend, fullgraph=True)
     out = call(q8, k8, v8)
-    # One node (beside the picks of its outputs and any scalar the tracer keeps symbolic).
-    assert [t for t in targets if "getitem" not in t and "sym_" not in t] == ["flash4.fp8_attention_quantized"]
+    assert _compute_nodes(targets) == ["flash4.fp8_attention_quantized"]
     ((got_q, got_k, got_v, scale, causal, return_lse),) = received
     assert (scale, causal, return_lse) == (64**-0.5, True, False)
     for got, want in ((got_q, q8), (got_k, k8), (got_v, v8)):
@@ -273,20 +283,7 @@ def test_compiled_call_with_descales_reaches_the_quantized_op(monkeypatch):
     # whose op it becomes under torch.compile: one node, the descales passed through.
     from flash4.fp8 import fp8_blocks
 
-    received = []
-
-    def quantized(q, k, v, softmax_scale, causal, return_lse):
-        received.append((q.block, k.block, v.block, torch.equal(v.descale, v8.descale)))
-        out = reference.attention(q.dequantize(), k.dequantize(), v.dequantize(), softmax_scale, causal)[0]
-        return out.to(torch.bfloat16).contiguous(), q.values.new_empty((0,), dtype=torch.float32)
-
-    monkeypatch.setattr(custom_ops, "fp8_quantized_outputs", quantized)
-    targets = []
-
-    def backend(gm, example_inputs):
-        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
-        return gm
-
+    received, backend, targets = _quantized_op_in_reference(monkeypatch)
     q, k, v = (torch.randn(1, 40, h, 64) for h in (4, 2, 2))
     blocks = fp8_blocks(64, True, 40)
     q8, k8, v8 = flash4.quantize_fp8(q, blocks.q), flash4.quantize_fp8(k, blocks.kv), flash4.quantize_fp8(v, blocks.kv)
@@ -296,5 +293,7 @@ def test_compiled_call_with_descales_reaches_the_quantized_op(monkeypatch):
         backend=backend, fullgraph=True,
     )
     out = call(q8.values, k8.values, v8.values, q8.descale, k8.descale, v8.descale)
-    assert [t for t in targets if "getitem" not in t and "sym_" not in t] == ["flash4.fp8_attention_quantized"]
-    assert received == [(blocks.q, blocks.kv, blocks.kv, True)] and out.dtype == torch.bfloat16
+    assert _compute_nodes(targets) == ["flash4.fp8_attention_quantized"]
+    ((got_q, got_k, got_v, *_),) = received
+    assert (got_q.block, got_k.block, got_v.block) == (blocks.q, blocks.kv, blocks.kv)
+    assert torch.equal(got_v.descale, v8.descale) and out.dtype == torch.bfloat16

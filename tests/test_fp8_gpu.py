@@ -697,10 +697,15 @@ def test_compiled_fp8_call_runs_the_same_kernels(return_lse, qk_int8):
     def call(q, k, v):
         return flash4.flash_attn_fp8(q, k, v, causal=True, hadamard=True, return_lse=return_lse, qk_int8=qk_int8)
 
+    _check_compiled_is_eager(call, (q, k, v), return_lse)
+
+
+def _check_compiled_is_eager(call, inputs: tuple, return_lse: bool) -> None:
+    """``call`` compiled (one graph, from a poisoned allocator) and eager give the same bits."""
     torch._dynamo.reset()
     poison_allocator()
-    got = torch.compile(call, fullgraph=True)(q, k, v)
-    want = call(q, k, v)
+    got = torch.compile(call, fullgraph=True)(*inputs)
+    want = call(*inputs)
     got, want = (got, want) if return_lse else ((got,), (want,))
     assert not want[0].isnan().any()
     assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -723,10 +728,4 @@ def test_compiled_quantized_fp8_call_runs_the_same_kernel(return_lse, qk_int8):
     def call(q8, k8, v8):
         return flash4.flash_attn_fp8_quantized(q8, k8, v8, causal=True, return_lse=return_lse)
 
-    torch._dynamo.reset()
-    poison_allocator()
-    got = torch.compile(call, fullgraph=True)(q8, k8, v8)
-    want = call(q8, k8, v8)
-    got, want = (got, want) if return_lse else ((got,), (want,))
-    assert not want[0].isnan().any()
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    _check_compiled_is_eager(call, (q8, k8, v8), return_lse)
