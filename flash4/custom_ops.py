@@ -178,8 +178,12 @@ def fp8_quantized_outputs(q, k, v, softmax_scale: float, causal: bool, return_ls
 
 
 @fp8_attention_quantized.register_fake
-def _fp8_attention_quantized_fake(q_values, *parts) -> tuple[torch.Tensor, torch.Tensor]:
-    return_lse = parts[-1]
+def _fp8_attention_quantized_fake(
+    q_values: torch.Tensor, q_descale: torch.Tensor, q_block: int, q_hadamard: bool, q_max: float, q_seqlen: int,
+    k_values: torch.Tensor, k_descale: torch.Tensor, k_block: int, k_hadamard: bool, k_max: float, k_seqlen: int,
+    v_values: torch.Tensor, v_descale: torch.Tensor, v_block: int, v_hadamard: bool, v_max: float, v_seqlen: int,
+    softmax_scale: float, causal: bool, return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen_q, heads, _ = q_values.shape
     out = torch.empty_like(q_values, dtype=FP8_OUT_DTYPE, memory_format=torch.contiguous_format)
     lse_shape = (batch, heads, seqlen_q) if return_lse else _NO_LSE_SHAPE
