@@ -280,9 +280,16 @@ def select_fp8(
 
 @functools.lru_cache(maxsize=None)
 def _with_int8_qk(entry: KernelEntry) -> KernelEntry:
-    """The row's kernel on int8 Q and K (Sm90ForwardConfig.fp8_qk_int8). Not yet measured on
-    a GPU: the rows were chosen for e4m3 Q and K."""
-    return replace(entry, config=replace(entry.config, fp8_qk_int8=True, scores_in_f16=False))
+    """The row's kernel on int8 Q and K (Sm90ForwardConfig.fp8_qk_int8), the shift taken off
+    in the softmax (fp8_int8_shift_in_softmax). H100, two rounds, the kernel alone, 1k / 16k
+    TFLOP/s, exact shift -> folded (the e4m3 row's fp32 scores beside): head dim 64 full
+    508 -> 551, 664 -> 782 (578, 824), causal 412 -> 440, 643 -> 761; 128 full 832 -> 843,
+    945 -> 1033 (871, 1050), causal 616 -> 629, 939 -> 991; 256 full 997 -> 1045, 1203 ->
+    1302 (1048, 1281), causal 706 -> 719, 1199 -> 1236 (perf/results/h100/2026-12-05-fp8-
+    sweep-int8-shift.json). The rows' tiles are the e4m3 rows'; none was swept for int8."""
+    return replace(
+        entry, config=replace(entry.config, fp8_qk_int8=True, scores_in_f16=False, fp8_int8_shift_in_softmax=True)
+    )
 
 
 @functools.lru_cache(maxsize=None)

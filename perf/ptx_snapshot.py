@@ -56,14 +56,14 @@ def forward_variants() -> list[tuple[str, Any]]:
         # tensor cores); a 16-bit row without LSE only drops its stores.
         if row.config.fp8:
             variants.append((name + "-no-lse", (row, False)))
-    # The FP8 rows' kernels on int8 Q and K (the accurate mode), with and without LSE, and
-    # with the shift taken off in the softmax.
+    # The FP8 rows' kernels on int8 Q and K (the accurate mode, the shift folded into the
+    # softmax), with and without LSE, and with the exact shift.
     for index, row in enumerate(r for r in rows if r.dtype == FP8_DTYPE):
         int8 = select_fp8("sm_90a", row.head_dim, row.causal, row.min_seqlen_q, v_per_tensor=True, qk_int8=True)
-        folded = dataclasses.replace(int8, config=dataclasses.replace(int8.config, fp8_int8_shift_in_softmax=True))
+        exact = dataclasses.replace(int8, config=dataclasses.replace(int8.config, fp8_int8_shift_in_softmax=False))
         name = f"fwd-int8-{index:02d}-d{row.head_dim}-{'causal' if row.causal else 'full'}-s{row.min_seqlen_q}"
         variants += [(name, (int8, True)), (name + "-no-lse", (int8, False))]
-        variants += [(name + "-folded", (folded, True)), (name + "-folded-no-lse", (folded, False))]
+        variants += [(name + "-exact", (exact, True)), (name + "-exact-no-lse", (exact, False))]
     return variants
 
 

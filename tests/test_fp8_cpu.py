@@ -429,7 +429,9 @@ def test_int8_qk_selects_the_rows_kernel_with_s32_scores(v_per_tensor, f16_score
         int8 = dispatch.select_fp8(
             "sm_90a", row.head_dim, row.causal, seqlen, v_per_tensor, f16_scores=f16_scores, qk_int8=True
         )
-        assert int8.config == dataclasses.replace(plain.config, fp8_qk_int8=True, scores_in_f16=False)
+        assert int8.config == dataclasses.replace(
+            plain.config, fp8_qk_int8=True, scores_in_f16=False, fp8_int8_shift_in_softmax=True
+        )
 
 
 def test_int8_qk_checks_name_the_argument():

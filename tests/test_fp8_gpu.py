@@ -580,7 +580,7 @@ def test_divider_changes_no_bit(head_dim, causal, with_lse, seqlen):
 def test_every_row_with_int8_qk_matches_its_model(row, return_lse):
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
     entry = dispatch.select_fp8("sm_90a", row.head_dim, row.causal, seqlen, True, group=4, qk_int8=True)
-    assert entry.config.fp8_qk_int8
+    assert entry.config.fp8_qk_int8 and entry.config.fp8_int8_shift_in_softmax
     _check_per_tensor_v(1, seqlen, seqlen, 8, 2, row.head_dim, row.causal, return_lse,
                         seed=seqlen * 3 + row.head_dim + row.causal, qk_int8=True)
 
@@ -598,14 +598,14 @@ def test_int8_qk_matches_its_model(head_dim, causal, seqlen_q, seqlen_k, heads, 
     "row", FP8_ROWS, ids=[f"d{r.head_dim}-{'causal' if r.causal else 'full'}-s{r.min_seqlen_q}" for r in FP8_ROWS]
 )
 @pytest.mark.parametrize("with_lse", (True, False), ids=("lse", "no-lse"))
-def test_candidate_int8_shift_in_softmax_matches_its_model(row, with_lse):
-    # The candidate that leaves 1.5 * 2^23 in the scores and takes it off each row's max and
-    # constant (fp8_int8_shift_in_softmax): within the model's bounds like the exact one.
+def test_candidate_int8_exact_shift_matches_its_model(row, with_lse):
+    # The int8 kernels that take the shift off every score by an FADD (fp8_int8_shift_in_softmax
+    # off; the selector's fold it into the softmax): within the model's bounds as well.
     seqlen = row.min_seqlen_q + RAGGED_PAST_ROW_START
     blocks = fp8_blocks(row.head_dim, row.causal, seqlen)
     q, k, v = (torch.randn(2, seqlen, h, row.head_dim, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2))
     q8, k8, v8 = flash4.quantize_int8(q, blocks.q), flash4.quantize_int8(k, blocks.kv), flash4.quantize_fp8(v, None)
-    out, lse = _run_variant(q8, k8, v8, row.causal, with_lse, fp8_qk_int8=True, fp8_int8_shift_in_softmax=True)
+    out, lse = _run_variant(q8, k8, v8, row.causal, with_lse, fp8_qk_int8=True, fp8_int8_shift_in_softmax=False)
     _check(q8, k8, v8, row.causal, out, lse)
 
 
