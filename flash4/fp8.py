@@ -79,10 +79,10 @@ def flash_attn_fp8(
     kernel runs. Returns bf16 ``out`` (and float32 ``lse``). Not differentiable.
 
     ``qk_int8`` (the accurate mode): Q and K quantized to int8 instead (``quantize_int8``,
-    best with ``hadamard=True``), whose s32 scores the kernel converts to fp32. In the
-    float64 model of the kernel's algorithm on FlashAttention-3's outlier inputs it errs
-    0.29-0.37x as much as cuDNN's per-tensor FP8, e4m3 0.45-0.53x; its speed is that of
-    the fp32-score kernels at best. Not yet run on a GPU (2026-12-05).
+    best with ``hadamard=True``), whose s32 scores the kernel converts to fp32. On
+    FlashAttention-3's outlier inputs (H100, 2026-12-05) it errs 0.28-0.36x as much as
+    cuDNN's per-tensor FP8 (e4m3 blockwise + Hadamard: 0.45-0.52x), at 1.03-1.66x cuDNN's
+    speed and below the e4m3 kernels' (README, FP8).
 
     V per tensor: the kernel folds a V block's descale into P's scale relative to the
     largest so far, so blocks with smaller descales round P more coarsely; on
