@@ -213,3 +213,30 @@ def check_attention_args(
     if not (device.type == "cuda" and device == k.device == v.device):
         check_devices({"q": device, "k": k.device, "v": v.device})
     return problem
+
+
+def refuse_grad(function: str, advice: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """A forward-only call outside autograd: an input that requires grad would silently get
+    none through it, so the call is refused, naming the inputs (without grad mode, or on
+    detached tensors, it runs)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        names = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
+        raise NotImplementedError(f"{', '.join(names)} requires grad, but {function} is forward only: {advice}")
+
+
+def check_out_buffers(q: torch.Tensor, problem: AttentionProblem, out: object, lse: object) -> None:
+    """``flash_attn_forward_into``'s buffers: ``out`` like q (contiguous), ``lse`` float32
+    (batch, heads, seqlen_q) contiguous or None, both on q's device."""
+    buffers = [("out", out, tuple(q.shape), q.dtype)]
+    if lse is not None:
+        buffers.append(("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32))
+    for name, tensor, shape, dtype in buffers:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous {dtype} tensor of shape {shape}, got "
+                f"{tensor.dtype} {tuple(tensor.shape)} with strides {tuple(tensor.stride())}"
+            )
+        if tensor.device != q.device:
+            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")

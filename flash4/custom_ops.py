@@ -6,7 +6,8 @@ compiler the outputs' shapes and strides (the real ones allocate exactly those),
 registered autograd formula puts the backward op into AOTAutograd's backward graph, so a
 compiled training step runs flash4's backward kernels with no graph break. The FP8 calls
 (forward only) are one op each: ``flash_attn_fp8``, its quantization inside, and
-``flash_attn_fp8_quantized``, on the parts of its quantized inputs.
+``flash_attn_fp8_quantized``, on the parts of its quantized inputs; so is
+``flash_attn_forward_into``, an op that declares the buffers it writes.
 
 Eager calls do not come here: through the dispatcher's custom-op path a call with a
 (1, 128, 16, 64) tensor cost 17 µs against 4 µs for the same Python function called
@@ -22,8 +23,8 @@ import torch
 from flash4.autograd import upstream_gradient
 from flash4.backward import attention_backward as backward_kernels
 from flash4.backward import check_backward_supported
-from flash4.checks import check_attention_args, resolve_softmax_scale
-from flash4.forward import run_forward
+from flash4.checks import check_attention_args, check_out_buffers, resolve_softmax_scale
+from flash4.forward import launch_forward, run_forward
 from flash4.fp8 import OUT_DTYPE as FP8_OUT_DTYPE
 from flash4.fp8 import flash_attn_fp8, flash_attn_fp8_quantized
 from flash4.quantize import Fp8Tensor, Fp8TransposedV
@@ -107,6 +108,45 @@ def _backward_formula(ctx, dout: torch.Tensor, _dlse: torch.Tensor) -> tuple:
 
 
 attention_forward.register_autograd(_backward_formula, setup_context=_save_for_backward)
+
+
+@torch.library.custom_op("flash4::attention_forward_into", mutates_args=("out", "lse"))
+def attention_forward_into(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+    softmax_scale: float, causal: bool,
+) -> None:
+    """``flash_attn_forward_into``: attention written into the caller's ``out`` and ``lse``
+    (None: the kernel that writes none), which the op declares it mutates."""
+    forward_into(q, k, v, out, lse, softmax_scale, causal)
+
+
+def forward_into(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+    softmax_scale: float, causal: bool,
+) -> None:
+    """The op's work: every check of an eager call, before the launch (a module function,
+    as ``forward_outputs``)."""
+    problem = check_attention_args(q, k, v, softmax_scale, causal)
+    check_out_buffers(q, problem, out, lse)
+    launch_forward(q, k, v, out, lse, problem)
+
+
+@attention_forward_into.register_fake
+def _attention_forward_into_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+    softmax_scale: float, causal: bool,
+) -> None:
+    return None
+
+
+def compiled_forward_into(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+    softmax_scale: float | None, causal: bool,
+) -> None:
+    """``flash_attn_forward_into`` as torch.compile traces it (checks as ``compiled_attention``)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    attention_forward_into(q, k, v, out, lse, resolve_softmax_scale(softmax_scale, q.shape[-1]), causal)
 
 
 @torch.library.custom_op("flash4::fp8_attention", mutates_args=())

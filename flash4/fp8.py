@@ -17,7 +17,9 @@ from typing import NamedTuple
 
 import torch
 
-from flash4.checks import AttentionProblem, check_attention_args, check_devices, check_shapes, resolve_softmax_scale
+from flash4.checks import (
+    AttentionProblem, check_attention_args, check_devices, check_shapes, refuse_grad, resolve_softmax_scale,
+)
 from flash4.compiler import compiled_forward, tile_counter
 from flash4.dispatch import FP8_DTYPE, FP8_OUT_DTYPE, TABLE, UnsupportedProblemError, select, select_fp8
 from flash4.devices import device_arch, device_sms, on_device
@@ -123,10 +125,7 @@ def flash_attn_fp8(
 
 
 def _refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "flash_attn_fp8 is forward only: call it under torch.no_grad() or with tensors that do not require grad"
-        )
+    refuse_grad("flash_attn_fp8", "call it under torch.no_grad() or with tensors that do not require grad", q, k, v)
 
 
 def _traced_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8):

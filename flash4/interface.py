@@ -6,8 +6,8 @@ import torch
 
 from flash4.autograd import AttentionFunction
 from flash4.backward import check_backward_supported
-from flash4.checks import check_attention_args
-from flash4.custom_ops import compiled_attention
+from flash4.checks import check_attention_args, check_out_buffers, refuse_grad
+from flash4.custom_ops import compiled_attention, compiled_forward_into
 from flash4.forward import launch_forward, run_forward
 
 
@@ -100,31 +100,22 @@ def flash_attn_forward_into(
     """``flash_attn_func`` writing into preallocated ``out`` (like q, contiguous) and ``lse``
     (float32, contiguous (batch, heads, seqlen_q), or None to skip it): for CUDA graphs and
     buffer reuse."""
+    if torch.compiler.is_compiling():
+        # The tensors' checks (their addresses among them, which tracing does not know) run
+        # in the op, before its launch.
+        refuse_forward_into_grad(q, k, v)
+        compiled_forward_into(q, k, v, out, lse, softmax_scale, causal)
+        return
     problem = check_attention_args(q, k, v, softmax_scale, causal)
-    refuse_grad(q, k, v)
-    buffers = [("out", out, tuple(q.shape), q.dtype)]
-    if lse is not None:
-        buffers.append(("lse", lse, (problem.batch, problem.heads, problem.seqlen_q), torch.float32))
-    for name, tensor, shape, dtype in buffers:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
-            raise ValueError(
-                f"{name} must be a contiguous {dtype} tensor of shape {shape}, got "
-                f"{tensor.dtype} {tuple(tensor.shape)} with strides {tuple(tensor.stride())}"
-            )
-        if tensor.device != q.device:
-            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
+    refuse_forward_into_grad(q, k, v)
+    check_out_buffers(q, problem, out, lse)
     launch_forward(q, k, v, out, lse, problem)
 
 
-def refuse_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """``flash_attn_forward_into`` writes into the caller's buffers, outside autograd: an
-    input that requires grad would silently get none through it, so the call is refused."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        names = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad]
-        raise NotImplementedError(
-            f"{', '.join(names)} requires grad, but flash_attn_forward_into is not differentiable: "
-            f"use flash_attn_func for gradients, or call it under torch.no_grad() or with detached tensors"
-        )
-
+def refuse_forward_into_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``flash_attn_forward_into`` writes into the caller's buffers, outside autograd."""
+    refuse_grad(
+        "flash_attn_forward_into",
+        "use flash_attn_func for gradients, or call it under torch.no_grad() or with detached tensors",
+        q, k, v,
+    )

@@ -136,6 +136,33 @@ def test_compiled_call_runs_the_same_kernels(causal):
     _check_grads(q, k, v, dout, causal, grads)
 
 
+@pytest.mark.parametrize("with_lse", (False, True), ids=("out", "lse"))
+def test_compiled_forward_into_writes_what_the_eager_call_writes(with_lse):
+    # flash_attn_forward_into under torch.compile (inductor, one graph) is a custom op that
+    # mutates the caller's buffers: after the compiled call they hold the eager call's bits.
+    q = torch.randn(2, 1000, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 17, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def buffers():
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((2, 8, 1000), float("nan"), device="cuda") if with_lse else None
+        return out, lse
+
+    def call(q, k, v, out, lse):
+        flash4.flash_attn_forward_into(q, k, v, out, lse, causal=True)
+        return out.float().sum(dim=-1)
+
+    torch._dynamo.reset()
+    out, lse = buffers()
+    row_sums = torch.compile(call, fullgraph=True)(q, k, v, out, lse)
+    eager_out, eager_lse = buffers()
+    eager_row_sums = call(q, k, v, eager_out, eager_lse)
+    assert torch.equal(out, eager_out) and torch.equal(row_sums, eager_row_sums)
+    assert not out.isnan().any()
+    if with_lse:
+        assert torch.equal(lse, eager_lse)
+
+
 # ---------------------------------------------------------------------------- training check
 # A small causal language model on sequences of a fixed random Markov chain: learnable (its
 # entropy rate is well below log(vocab)), generated from a seed, no files.

@@ -374,7 +374,7 @@ def test_batch_and_heads_beyond_the_grid_limit(name, q_shape, kv_shape):
 def test_forward_into_refuses_inputs_that_require_grad():
     # flash_attn_forward_into is outside autograd: gradients would silently stop there, so
     # the call is refused, naming the inputs; without grad mode, or detached, it is allowed.
-    from flash4.interface import refuse_grad
+    from flash4.interface import refuse_forward_into_grad as refuse_grad
 
     q, k, v = make_qkv()
     refuse_grad(q, k, v)

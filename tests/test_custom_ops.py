@@ -168,6 +168,62 @@ def test_eager_calls_do_not_take_the_custom_ops(reference_kernels):
     assert reference_kernels == {"forward": 0, "backward": 0}
 
 
+# ------------------------------------------------------------ flash_attn_forward_into
+@pytest.mark.parametrize("with_lse", (False, True), ids=("out", "lse"))
+def test_compiled_forward_into_is_one_node_writing_the_callers_buffers(monkeypatch, with_lse):
+    calls = []
+
+    def forward_into(q, k, v, out, lse, softmax_scale, causal):
+        calls.append((softmax_scale, causal, lse is None))
+        want_out, want_lse = reference.attention(q, k, v, softmax_scale, causal)
+        out.copy_(want_out)
+        if lse is not None:
+            lse.copy_(want_lse)
+
+    monkeypatch.setattr(custom_ops, "forward_into", forward_into)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    def step(q, k, v, out, lse):
+        flash4.flash_attn_forward_into(q, k, v, out, lse, causal=True)
+        return out * 2.0
+
+    q, k, v = torch.randn(2, 17, 4, 64), torch.randn(2, 33, 2, 64), torch.randn(2, 33, 2, 64)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 17), float("nan")) if with_lse else None
+    doubled = torch.compile(step, backend=backend, fullgraph=True)(q, k, v, out, lse)
+    # One node, and the caller's buffers hold its results after the compiled call (the
+    # op declares them mutated, so the graph reads out after it).
+    assert [t for t in targets if "mul" not in t] == ["flash4.attention_forward_into.default"]
+    assert calls == [(64**-0.5, True, not with_lse)]
+    want_out, want_lse = reference.attention(q, k, v, None, True)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(doubled, 2.0 * want_out, rtol=0, atol=0)
+    if with_lse:
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
+def test_compiled_forward_into_refuses_grad_while_tracing(monkeypatch):
+    monkeypatch.setattr(custom_ops, "forward_into", lambda *args: pytest.fail("the op ran"))
+    q = torch.randn(1, 8, 2, 64, requires_grad=True)
+    out = torch.empty(1, 8, 2, 64)
+    with pytest.raises(_TRACE_ERRORS, match="q requires grad, but flash_attn_forward_into is forward only"):
+        torch.compile(lambda q, out: flash4.flash_attn_forward_into(q, q.detach(), q.detach(), out, None),
+                      fullgraph=True)(q, out)
+
+
+def test_forward_into_fake_accepts_what_the_real_op_writes():
+    q, k, v = torch.randn(1, 7, 4, 16), torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16)
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 7)
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fout, flse = (mode.from_tensor(t) for t in (q, k, v, out, lse))
+        assert torch.ops.flash4.attention_forward_into(fq, fk, fv, fout, flse, 0.25, False) is None
+        assert torch.ops.flash4.attention_forward_into(fq, fk, fv, fout, None, 0.25, True) is None
+
+
 # ---------------------------------------------------------------------------- FP8
 def _reference_fp8(q, k, v, softmax_scale, causal, hadamard, return_lse, qk_int8):
     # The FP8 call's shapes and dtypes: bf16 out (contiguous), float32 LSE or an empty one.
