@@ -99,7 +99,8 @@ def flash_attn_forward_into(
 ) -> None:
     """``flash_attn_func`` writing into preallocated ``out`` (like q, contiguous) and ``lse``
     (float32, contiguous (batch, heads, seqlen_q), or None to skip it): for CUDA graphs and
-    buffer reuse."""
+    buffer reuse. Under torch.compile the call is one node of the graph, an op declaring
+    that it writes ``out`` and ``lse`` (flash4/custom_ops.py). Forward only."""
     if torch.compiler.is_compiling():
         # The tensors' checks (their addresses among them, which tracing does not know) run
         # in the op, before its launch.
