@@ -359,5 +359,7 @@ def format_table(arch: str | None = None) -> str:
         f"{table}\n\nCausal with an even number of query heads per K/V head: K/V shared by "
         f"{KV_MULTICAST_CTAS} query heads instead, {'/'.join(SUPPORTED_DTYPES)} from seqlen_q "
         f"{starts(HEAD_CLUSTER_MIN_SEQLEN)}; {FP8_DTYPE} with V per tensor from seqlen_q "
-        f"{starts(FP8_HEAD_CLUSTER_MIN_SEQLEN)}."
+        f"{starts(FP8_HEAD_CLUSTER_MIN_SEQLEN)}.\n{FP8_DTYPE} rows on the same tiles (select_fp8): the scores "
+        f"in f16 where Q's and K's codes keep them there (flash_attn_fp8's default), int8 Q and K in the "
+        f"accurate mode (qk_int8), a V with one descale per key block on a kernel built for it."
     )
