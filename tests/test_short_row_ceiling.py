@@ -1,0 +1,55 @@
+"""perf/short_row_ceiling.py: the two-term fit and the ceiling it reads off, on synthetic
+bench records whose times follow known lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "perf" / "short_row_ceiling.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("short_row_ceiling", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclass looks its module up by name.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(fixed_slow, per_gflop_slow, fixed_fast, per_gflop_fast):
+    records = []
+    for seqlen in (512, 1024, 2048, 4096):
+        gflop = 68.719476736 * seqlen / 512
+        records.append({
+            "shape": {"head_dim": 128, "causal": False, "seqlen": seqlen},
+            "flops": gflop * 1e9,
+            "results": {
+                "flash4": {"ms": fixed_fast + per_gflop_fast * gflop},
+                "flash4-bf16": {"ms": fixed_slow + per_gflop_slow * gflop},
+            },
+        })
+    return {"records": records}
+
+
+def test_fit_recovers_the_lines_and_a_kernel_at_the_tensor_rate_sits_at_its_ceiling():
+    module = _module()
+    # The fast kernel at exactly half the slow one's per-FLOP cost, with a fixed cost of its own.
+    (fit,) = module.fit_report(_report(0.05, 0.0014, 0.03, 0.0007), "flash4", "flash4-bf16", [512, 1024, 2048])
+    assert fit.slow[:2] == pytest.approx((0.05, 0.0014)) and fit.fast[:2] == pytest.approx((0.03, 0.0007))
+    assert fit.slow[2] < 1e-9 and fit.fast[2] < 1e-9
+    for _, measured, ceiling in fit.ratios:
+        assert measured == pytest.approx(ceiling)
+
+
+def test_a_slower_fast_kernel_stays_below_its_ceiling():
+    module = _module()
+    (fit,) = module.fit_report(_report(0.05, 0.0014, 0.05, 0.0009), "flash4", "flash4-bf16", [512, 1024, 2048])
+    assert all(measured < ceiling for _, measured, ceiling in fit.ratios)
+    # With equal fixed costs the ceiling climbs towards the tensor-rate ratio as the work grows.
+    ceilings = [ceiling for _, _, ceiling in fit.ratios]
+    assert ceilings == sorted(ceilings) and ceilings[-1] < module.TENSOR_RATE_RATIO
