@@ -1,23 +1,33 @@
 """Split a forward kernel's time into a fixed cost per query tile and a cost per key block.
 
-One query tile per (batch, head) (seqlen_q = 128) and a growing seqlen_k: the time per wave
-of CTAs grows linearly in the number of key blocks; the intercept is what every tile pays
-once (launch of the CTA, barrier setup, Q load, first block, epilogue). Same tensors for
-flash4 and flash-attn-4, in one process.
+One query tile per (batch, head) (seqlen_q at most the row's tile_m) and a growing
+seqlen_k: the time per wave of CTAs grows linearly in the number of key blocks; the
+intercept is what every tile pays once (the CTA's or the persistent loop's turn, the Q
+load, the pipeline's fill and drain, the epilogue). Same tensors for flash4's bf16 kernel,
+flash-attn-4 and flash4's FP8 kernel (quantized beforehand, as the bench times it), in one
+process, the providers taking turns.
 
-    python perf/tile_cost.py [--hdim 128]
+At the protocol's fixed token count the rows at 512 keys pay this intercept once per four
+key blocks: it is what perf/short_row_ceiling.py calls the fixed cost, measured per tile.
+
+    python perf/tile_cost.py [--hdim 128] [--seqlen-q 128] [--out tile-cost.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-import flash4
+from flash4 import bench
 
-SEQLEN_Q = 128
 SEQLEN_KS = (128, 256, 512, 1024, 2048, 4096)
+# Key columns a block of the fit counts: the bf16 rows' tile_n at head dims 64 and 128.
+BLOCK_KEYS = 128
+PROVIDERS = (("flash4-bf16", "fwd", "flash4"), ("fa4", "fwd", "fa4"), ("flash4-fp8", "fp8", "flash4"))
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -35,30 +45,53 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=66)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--seqlen-q", type=int, default=128)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    providers = {"flash4": flash4.flash_attn_func}
-    try:
-        from flash_attn.cute import flash_attn_func as fa4
-
-        providers["fa4"] = fa4
-    except ImportError:
-        pass
-    waves = args.batch * args.heads / torch.cuda.get_device_properties(0).multi_processor_count
-    times: dict[str, list[float]] = {name: [] for name in providers}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    waves = args.batch * args.heads / sms
+    scale = 1.0 / math.sqrt(args.hdim)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in PROVIDERS}
+    errors: dict[str, str] = {}
     for seqlen_k in SEQLEN_KS:
-        q = torch.randn(args.batch, SEQLEN_Q, args.heads, args.hdim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(args.batch, args.seqlen_q, args.heads, args.hdim, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(args.batch, seqlen_k, args.heads, args.hdim, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
+        calls: dict[str, Callable[[], Any]] = {}
+        for name, pass_, provider in PROVIDERS:
+            if name in errors:
+                continue
+            try:
+                calls[name] = bench.PASS_PROVIDERS[pass_][provider](q, k, v, args.causal, scale)[0]
+                calls[name]()
+            except Exception as exc:  # a peer missing or a shape it refuses: reported, not timed
+                errors[name] = f"{type(exc).__name__}: {exc}"[:200]
+                calls.pop(name, None)
+        rounds: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                rounds[name].append(triton.testing.do_bench(call, return_mode="median") * 1e3)
         row = []
-        for name, fn in providers.items():
-            ms = triton.testing.do_bench(lambda: fn(q, k, v), return_mode="median")
-            times[name].append(ms * 1e3 / waves)
-            row.append(f"{name} {ms * 1e3:8.1f} us")
+        for name, us in rounds.items():
+            best = min(us)
+            times[name].append(best / waves)
+            row.append(f"{name} {best:8.1f} us")
         print(f"seqlen_k {seqlen_k:5d}: " + "  ".join(row), flush=True)
-    blocks = [s / 128 for s in SEQLEN_KS]
+    blocks = [s / BLOCK_KEYS for s in SEQLEN_KS]
+    fits = {}
     for name, ys in times.items():
+        if len(ys) != len(blocks):
+            continue
         a, b = fit(blocks, ys)
-        print(f"{name}: per wave of tiles {a:.2f} us fixed + {b:.3f} us per 128-key block")
+        fits[name] = {"fixed_us_per_wave": a, "us_per_block_per_wave": b, "us_per_wave": ys}
+        print(f"{name}: per wave of tiles {a:.2f} us fixed + {b:.3f} us per {BLOCK_KEYS}-key block")
+    for name, error in errors.items():
+        print(f"{name}: not timed ({error})")
+    if args.out:
+        bench.write_probe_json(args.out, [fits], args=vars(args) | {"out": str(args.out)}, waves=waves,
+                               seqlen_ks=SEQLEN_KS, errors=errors)
 
 
 if __name__ == "__main__":
