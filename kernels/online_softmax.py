@@ -45,8 +45,9 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
     def block_inputs(self, n_block: Int32):
-        """What ``update`` needs of key block ``n_block`` besides its scores, read while its
-        S GEMM runs: nothing here (the block-scaled softmax loads its descales)."""
+        """What ``update`` needs of key block ``n_block`` besides its scores, asked for
+        before the block's S completes: nothing here (the block-scaled softmax loads its
+        descales)."""
         return None
 
     @cute.jit
@@ -309,14 +310,19 @@ class BlockScaledSoftmax(OnlineSoftmax):
         # Scores in f16 (kernels/f16_scores.py): each row's offset of its codes, an f16 value.
         self.code_offset = cute.make_rmem_tensor(rows, Float32)
         # One V descale for all blocks (any of them): P's scale is E4M3_MAX itself, and V's
-        # descale multiplies O once, in finalize.
+        # descale multiplies O once, in finalize. It is read here, at the tile's start: read
+        # in finalize, the load's whole latency stalled every tile's epilogue right after
+        # the last P V wait (ptxas keeps a global load behind a wgmma wait).
         self.v_per_tensor = v_per_tensor
+        if v_per_tensor:
+            self.v_descale = v_descales.flat[0]
         self.score_shift = score_shift
 
     def block_inputs(self, n_block: Int32) -> tuple:
-        """Key block ``n_block``'s K and V descales, loaded from global memory while its S
-        GEMM runs (used at once after it, the load's latency stalled the softmax). The
-        cursors hold the block's place: ``n_block`` is one below the last call's."""
+        """Key block ``n_block``'s K and V descales, loaded from global memory ahead of the
+        softmax that uses them: the first block's before the wait for its K, the others'
+        while their S GEMM runs (read after it, the load's latency stalled the softmax).
+        The cursors hold the block's place: ``n_block`` is one below the last call's."""
         if self.v_per_tensor:
             return self.k_descales.next(), None
         return self.k_descales.next(), self.v_descales.next()
@@ -430,7 +436,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
     def finalize(self, lse: cute.Tensor) -> cute.Tensor:
         """``OnlineSoftmax.finalize``, with O's factor v_ref / E4M3_MAX folded into 1/l."""
         inv_sum = cute.make_rmem_tensor(self.rows, Float32)
-        o_factor = (self.v_descales.flat[0] if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
+        o_factor = (self.v_descale if cutlass.const_expr(self.v_per_tensor) else self.v_ref[0]) * (1.0 / E4M3_MAX)
         for r in cutlass.range_constexpr(self.rows):
             total = self.row_sum[r]
             if cutlass.const_expr(not self.sums_on_tensor_cores):

@@ -771,6 +771,9 @@ class Sm90ForwardKernel:
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
+        # Its inputs (FP8: descales from global memory) are asked for before the wait for K,
+        # whose TMA load at a tile's start takes longer than theirs.
+        block = softmax.block_inputs(n_block)
         rings.k.consumer_wait(state)
         first_turn = self.pingpong and self.config.first_block_turn
         if cutlass.const_expr(first_turn):
@@ -786,14 +789,12 @@ class Sm90ForwardKernel:
             if self.warpgroup_sees_block(ops, tile, n_block):
                 warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
                 warpgroup.wait_group(0)
-            block = softmax.block_inputs(n_block)
             if cutlass.const_expr(first_turn):
                 pingpong.pass_turn()
         else:
             warpgroup_gemm(ops.tiled_mma_qk, acc_s, ops.tSrQ, ops.tSrK[None, None, None, state.index], True)
             if cutlass.const_expr(first_turn):
                 pingpong.pass_turn()
-            block = softmax.block_inputs(n_block)
             warpgroup.wait_group(0)
         acc_s = self.float_scores(acc_s)
         rings.k.consumer_release(state)
