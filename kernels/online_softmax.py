@@ -271,8 +271,8 @@ class DescaleCursor:
 class BlockScaledSoftmax(OnlineSoftmax):
     """The online softmax of the FP8 forward, whose inputs carry one descale per tile.
 
-    Key block j's raw scores are Q8 K8ᵀ; times ``scale_log2`` (softmax scale, log2(e) and
-    the Q tile's descale) and k_descale[j] they are log2-domain scores, so the running max
+    Key block j's raw scores are Q8 K8ᵀ; times ``scale_log2`` (softmax scale and log2(e)),
+    the Q tile's descale and k_descale[j] they are log2-domain scores, so the running max
     ``m`` is kept in those units. P is rounded to e4m3 for the P V GEMM, scaled by
     E4M3_MAX · v_descale[j] / v_ref, where v_ref is the largest V descale seen so far: P
     then uses e4m3's range (above its subnormals) and V's descale is folded in for free,
@@ -286,16 +286,20 @@ class BlockScaledSoftmax(OnlineSoftmax):
     """
 
     def __init__(
-        self, scale_log2: Float32, rows: int, k_descales: DescaleCursor, v_descales: DescaleCursor,
-        v_per_tensor: bool = False, sums_on_tensor_cores: bool = False, p_by_rounding: bool = False,
-        score_shift: float = 0.0,
+        self, scale_log2: Float32, q_descale: Float32, rows: int, k_descales: DescaleCursor,
+        v_descales: DescaleCursor, v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
+        p_by_rounding: bool = False, score_shift: float = 0.0,
     ):
-        """``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
+        """``q_descale``: the Q tile's, loaded at the tile's start and first multiplied in
+        the first block's softmax: multiplied into ``scale_log2`` here, its load's latency
+        stalled the tile's start whenever Q was already in shared memory.
+        ``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
         block; ``block_inputs`` must be asked for every key block, last first.
         ``score_shift``: a constant every raw score carries (int8 Q and K's shift, left in by
         Sm90ForwardConfig.fp8_int8_shift_in_softmax), taken off each row's max exactly and
         out of each row's constant."""
         super().__init__(scale_log2, rows)
+        self.q_descale = q_descale
         if sums_on_tensor_cores and not v_per_tensor:
             raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
         if p_by_rounding and not sums_on_tensor_cores:
@@ -337,7 +341,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
             return self.update_f16_scores(acc_s, block, is_first, masked)
         s = acc_rows_cols(acc_s)
         k_descale, v_descale = block
-        scale = self.scale_log2 * k_descale
+        scale = self.scale_log2 * self.q_descale * k_descale
         if cutlass.const_expr(self.v_per_tensor):
             # No V descale per block: no running v_ref, no division, constant P scale.
             v_old = v_new = 1.0
@@ -400,7 +404,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
         """``update`` for P's codes from f16 scores (kernels/f16_scores.py): V per tensor, row
         sums on the tensor cores. Each row's factor is that of its codes' offset."""
         k_descale, _ = block
-        scale = self.scale_log2 * k_descale
+        scale = self.scale_log2 * self.q_descale * k_descale
         words = score_words(acc_s)
         code_scale = splat_f16x2(scale * CODES_PER_OCTAVE)
         top = code_base(math.log2(E4M3_MAX))

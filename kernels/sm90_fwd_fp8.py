@@ -97,7 +97,8 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
             else DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1)
         )
         return BlockScaledSoftmax(
-            softmax_scale_log2 * q_descale[tile.batch, tile.head, q_block],
+            softmax_scale_log2,
+            q_descale[tile.batch, tile.head, q_block],
             rows,
             DescaleCursor(k_descale, tile.batch, kv_head, tile.n_block_max - 1),
             v_cursor,
