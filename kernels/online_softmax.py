@@ -290,9 +290,9 @@ class BlockScaledSoftmax(OnlineSoftmax):
         v_descales: DescaleCursor, v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
         p_by_rounding: bool = False, score_shift: float = 0.0,
     ):
-        """``q_descale``: the Q tile's, loaded at the tile's start and first multiplied in
-        the first block's softmax: multiplied into ``scale_log2`` here, its load's latency
-        stalled the tile's start whenever Q was already in shared memory.
+        """``q_descale``: the Q tile's, kept apart from ``scale_log2`` and multiplied where a
+        block's scale is made (multiplied in at the tile's start, ptxas waited for its load
+        before Q's wait; now it waits after Q's and K's, still before the first S GEMM).
         ``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
         block; ``block_inputs`` must be asked for every key block, last first.
         ``score_shift``: a constant every raw score carries (int8 Q and K's shift, left in by

@@ -771,8 +771,8 @@ class Sm90ForwardKernel:
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
-        # Its inputs (FP8: descales from global memory) are asked for before the wait for K,
-        # whose TMA load at a tile's start takes longer than theirs.
+        # Its inputs (FP8: descales from global memory) are asked for before the wait for K:
+        # issued after the S GEMM, their load had only that GEMM to hide behind.
         block = softmax.block_inputs(n_block)
         rings.k.consumer_wait(state)
         first_turn = self.pingpong and self.config.first_block_turn
