@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,18 +25,13 @@ import torch
 
 from flash4 import bench
 
+sys.path.insert(0, str(Path(__file__).parent))
+from short_row_ceiling import fit_line  # noqa: E402
+
 SEQLEN_KS = (128, 256, 512, 1024, 2048, 4096)
 # Key columns a block of the fit counts: the bf16 rows' tile_n at head dims 64 and 128.
 BLOCK_KEYS = 128
 PROVIDERS = (("flash4-bf16", "fwd", "flash4"), ("fa4", "fwd", "fa4"), ("flash4-fp8", "fp8", "flash4"))
-
-
-def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares line y = a + b x."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
 
 
 def main() -> None:
@@ -84,9 +80,10 @@ def main() -> None:
     for name, ys in times.items():
         if len(ys) != len(blocks):
             continue
-        a, b = fit(blocks, ys)
-        fits[name] = {"fixed_us_per_wave": a, "us_per_block_per_wave": b, "us_per_wave": ys}
-        print(f"{name}: per wave of tiles {a:.2f} us fixed + {b:.3f} us per {BLOCK_KEYS}-key block")
+        a, b, worst = fit_line(blocks, ys)
+        fits[name] = {"fixed_us_per_wave": a, "us_per_block_per_wave": b, "largest_residual": worst, "us_per_wave": ys}
+        print(f"{name}: per wave of tiles {a:.2f} us fixed + {b:.3f} us per {BLOCK_KEYS}-key block "
+              f"(residuals within {worst:.1%})")
     for name, error in errors.items():
         print(f"{name}: not timed ({error})")
     if args.out:
