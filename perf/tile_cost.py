@@ -9,6 +9,13 @@ process, the providers taking turns.
 
 At the protocol's fixed token count the rows at 512 keys pay this intercept once per four
 key blocks: it is what perf/short_row_ceiling.py calls the fixed cost, measured per tile.
+But the regimes differ. Here every K and V byte feeds one tile (one query tile per head),
+so the cost per block is K's and V's bytes streamed from DRAM: the rate printed beside
+each fit (H100, 2026-12-05, against the 3.02 TB/s of a copy there: bf16 89% and FP8 76%
+at head dim 64, 101% and 93% at 128). On the bench's rows a head's K and V serve three or
+four tiles, the later ones from L2, so this probe's per-block ratios are byte ratios, not
+the bench's, and its intercepts are fixed costs while streaming; perf/short_row_ceiling.py
+fits the bench's own numbers.
 
     python perf/tile_cost.py [--hdim 128] [--seqlen-q 128] [--out tile-cost.json]
 """
@@ -32,6 +39,8 @@ SEQLEN_KS = (128, 256, 512, 1024, 2048, 4096)
 # Key columns a block of the fit counts: the bf16 rows' tile_n at head dims 64 and 128.
 BLOCK_KEYS = 128
 PROVIDERS = (("flash4-bf16", "fwd", "flash4"), ("fa4", "fwd", "fa4"), ("flash4-fp8", "fp8", "flash4"))
+# Bytes of a K or V element each pass's kernel reads.
+ELEMENT_BYTES = {"fwd": 2, "fp8": 1}
 
 
 def main() -> None:
@@ -81,9 +90,13 @@ def main() -> None:
         if len(ys) != len(blocks):
             continue
         a, b, worst = fit_line(blocks, ys)
-        fits[name] = {"fixed_us_per_wave": a, "us_per_block_per_wave": b, "largest_residual": worst, "us_per_wave": ys}
+        # A wave's tiles each read one block of K and one of V that no other tile reads.
+        pass_ = next(p for n, p, _ in PROVIDERS if n == name)
+        kv_gb_per_s = sms * 2 * BLOCK_KEYS * args.hdim * ELEMENT_BYTES[pass_] / (b * 1e3)
+        fits[name] = {"fixed_us_per_wave": a, "us_per_block_per_wave": b, "largest_residual": worst,
+                      "us_per_wave": ys, "kv_gb_per_s_per_block": kv_gb_per_s}
         print(f"{name}: per wave of tiles {a:.2f} us fixed + {b:.3f} us per {BLOCK_KEYS}-key block "
-              f"(residuals within {worst:.1%})")
+              f"(residuals within {worst:.1%}; K and V stream at {kv_gb_per_s:.0f} GB/s)")
     for name, error in errors.items():
         print(f"{name}: not timed ({error})")
     if args.out:
