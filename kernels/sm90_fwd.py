@@ -93,8 +93,9 @@ class Rings:
 
 @dataclass(frozen=True)
 class Loads:
-    """What the producer reads: the TMA views of Q, K and V and their copy atoms; FP8, the
-    descales (Q's, K's, V's), which it only prefetches for the consumers."""
+    """What the producer reads: the TMA views of Q, K and V and their copy atoms, and the
+    descales (Q's, K's, V's; None for 16-bit inputs), which it only prefetches for the FP8
+    consumers."""
 
     mQ: cute.Tensor
     mK: cute.Tensor
@@ -102,7 +103,7 @@ class Loads:
     atom_q: cute.CopyAtom
     atom_k: cute.CopyAtom
     atom_v: cute.CopyAtom
-    descales: tuple = ()
+    descales: tuple
 
 
 @dataclass(frozen=True)
