@@ -7,8 +7,10 @@
     python perf/sass_local.py --hdim 256 [--causal] [--seqlen 1] [--change '{"persistent": true}']
                               [--dump kernel.sass]
 
-Prints the kernel's static instruction mix and, for every run of wgmma (HGMMA, or QGMMA for FP8)
-instructions, the uniform-datapath instructions issued among them: the operand
+Prints the kernel's static instruction mix; the instructions before the first wgmma that
+read a global load's result (the GEMM's issue waits for that load); and, for every run of
+wgmma (HGMMA, or QGMMA for FP8) instructions, the uniform-datapath instructions issued
+among them: the operand
 descriptors of each wgmma are built there, and they compete with the wgmmas for issue
 slots. On the H200 (ncu, d256 s8k) flash4 issued 5.4 of them per wgmma in its hot loop and
 flash-attn-4 2.3, 15% more instructions in all. These are static counts; which run is hot
@@ -77,6 +79,47 @@ def wgmma_runs(instructions: list[str]) -> list[tuple[int, int]]:
     return runs
 
 
+_REGISTER = re.compile(r"\bR(\d+)\b")
+# Opcodes whose first operand is read, not written.
+_NO_DESTINATION = ("ST", "STG", "STS", "STSM", "RED", "BRA", "BAR", "SYNCS", "CCTL", "EXIT")
+
+
+def operand_registers(instruction: str) -> tuple[set[int], set[int]]:
+    """(written, read) general registers of one instruction; a 64-bit load writes a pair."""
+    parts = instruction.split(None, 1)
+    if len(parts) < 2:
+        return set(), set()
+    operands = [o.strip() for o in parts[1].split(",")]
+    if opcode(instruction) in _NO_DESTINATION or not _REGISTER.fullmatch(operands[0]):
+        return set(), {int(r) for o in operands for r in _REGISTER.findall(o)}
+    first = int(operands[0][1:])
+    written = {first, first + 1} if ".64" in parts[0] else {first}
+    return written, {int(r) for o in operands[1:] for r in _REGISTER.findall(o)}
+
+
+def first_wgmma_waits(instructions: list[str]) -> list[str]:
+    """The instructions before the first wgmma that read what a global load (LDG) wrote:
+    the wgmma's issue waits for that load (a load from L2 takes hundreds of cycles). The
+    FP8 forward's tile start had ptxas put one there in 6 of its 9 rows
+    (perf/h200-findings.md). Text order, so a path the first wgmma's warps never take can
+    show up too: read the dump at the lines given."""
+    first = next((i for i, ins in enumerate(instructions) if opcode(ins) in WGMMA_OPCODES), len(instructions))
+    waits = []
+    for i, ins in enumerate(instructions[:first]):
+        if opcode(ins) != "LDG":
+            continue
+        pending, _ = operand_registers(ins)
+        for j in range(i + 1, first):
+            written, read = operand_registers(instructions[j])
+            if pending & read:
+                waits.append(f"{j}: {instructions[j]} (the LDG at {i})")
+                break
+            pending -= written
+            if not pending:
+                break
+    return waits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hdim", type=int, default=128)
@@ -102,6 +145,8 @@ def main() -> None:
         uniform = sum(op.startswith("U") and op != "UTMALDG" for op in run)
         shape = instructions[first].split()[0].split(".")[1]
         print(f"  run at {first:5d}: {wgmmas:2d} x {shape:10s} {uniform:3d} uniform ({uniform / wgmmas:.1f} per wgmma)")
+    waits = first_wgmma_waits(instructions)
+    print("  before the first wgmma, reads of global loads: " + ("; ".join(waits) if waits else "none"))
 
 
 if __name__ == "__main__":
