@@ -291,7 +291,8 @@ class BlockScaledSoftmax(OnlineSoftmax):
         p_by_rounding: bool = False, score_shift: float = 0.0,
     ):
         """``q_descale``: the Q tile's, kept apart from ``scale_log2`` and multiplied where a
-        block's scale is made (``block_scale``).
+        block's scale is made (multiplied in at the tile's start, ptxas waited for its load
+        before Q's wait; now it waits after Q's and K's, still before the first S GEMM).
         ``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
         block; ``block_inputs`` must be asked for every key block, last first.
         ``score_shift``: a constant every raw score carries (int8 Q and K's shift, left in by
@@ -321,13 +322,6 @@ class BlockScaledSoftmax(OnlineSoftmax):
             self.v_descale = v_descales.flat[0]
         self.score_shift = score_shift
 
-    def block_scale(self, k_descale: Float32) -> Float32:
-        """A key block's raw scores to log2 units. K's descale multiplies first, so no
-        product is the same for every block of the tile: ptxas hoisted scale_log2 · q_descale
-        to the tile's start and placed it right before the first S GEMM, whose issue then
-        waited for the Q descale's load (the SASS of most FP8 rows, perf/sass_local.py)."""
-        return k_descale * self.q_descale * self.scale_log2
-
     def block_inputs(self, n_block: Int32) -> tuple:
         """Key block ``n_block``'s K and V descales, loaded from global memory ahead of the
         softmax that uses them: the first block's before the wait for its K, the others'
@@ -347,7 +341,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
             return self.update_f16_scores(acc_s, block, is_first, masked)
         s = acc_rows_cols(acc_s)
         k_descale, v_descale = block
-        scale = self.block_scale(k_descale)
+        scale = self.scale_log2 * self.q_descale * k_descale
         if cutlass.const_expr(self.v_per_tensor):
             # No V descale per block: no running v_ref, no division, constant P scale.
             v_old = v_new = 1.0
@@ -410,7 +404,7 @@ class BlockScaledSoftmax(OnlineSoftmax):
         """``update`` for P's codes from f16 scores (kernels/f16_scores.py): V per tensor, row
         sums on the tensor cores. Each row's factor is that of its codes' offset."""
         k_descale, _ = block
-        scale = self.block_scale(k_descale)
+        scale = self.scale_log2 * self.q_descale * k_descale
         words = score_words(acc_s)
         code_scale = splat_f16x2(scale * CODES_PER_OCTAVE)
         top = code_base(math.log2(E4M3_MAX))

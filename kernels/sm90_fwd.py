@@ -93,9 +93,7 @@ class Rings:
 
 @dataclass(frozen=True)
 class Loads:
-    """What the producer reads: the TMA views of Q, K and V and their copy atoms, and the
-    descales (Q's, K's, V's; None for 16-bit inputs), which it only prefetches for the FP8
-    consumers."""
+    """What the producer reads: the TMA views of Q, K and V and their copy atoms."""
 
     mQ: cute.Tensor
     mK: cute.Tensor
@@ -103,7 +101,6 @@ class Loads:
     atom_q: cute.CopyAtom
     atom_k: cute.CopyAtom
     atom_v: cute.CopyAtom
-    descales: tuple
 
 
 @dataclass(frozen=True)
@@ -439,7 +436,7 @@ class Sm90ForwardKernel:
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, (mQDescale, mKDescale, mVDescale))
+                loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V)
                 if cutlass.const_expr(self.config.dynamic_tiles):
                     self.produce_dynamic(loads, rings, scheduler, queue, mTileCounter)
                 else:
@@ -642,8 +639,6 @@ class Sm90ForwardKernel:
             # This CTA's share of each K and V block, multicast to every CTA of the cluster.
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             kv_copy = dict(mcast_mask=cutlass.Int16((1 << ctas) - 1))
-        # Before the first acquire, which waits for this CTA's previous tile to move on.
-        self.prefetch_tile_inputs(loads.descales, tile, kv_head)
         tKsK, tKgK = tma_tile(tma_atom_K, rings.sK, mK[None, None, kv_head, tile.batch], kv_tile, None, 0, rank, ctas)
         tVsV, tVgV = self.v_tiles(tma_atom_V, rings.sV, mV[None, None, kv_head, tile.batch], rank)
         k_ring, v_ring = rings.k, rings.v
@@ -681,10 +676,6 @@ class Sm90ForwardKernel:
     def q_slot(self, q_state):
         """The slot of Q's ring that ``q_state`` names; a compile-time 0 for one slot."""
         return q_state.index if cutlass.const_expr(self.q_stages > 1) else 0
-
-    def prefetch_tile_inputs(self, descales: tuple, tile: Tile, kv_head: Int32) -> None:
-        """Ask the caches for what the tile's consumers read from global memory (the FP8
-        kernel's descales); 16-bit inputs have nothing of the kind."""
 
     @cute.jit
     def load_q(self, loads: Loads, rings: Rings, tile: Tile, q_state):

@@ -87,43 +87,26 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> BlockScaledSoftmax:
         q_descale, k_descale, v_descale = descales
         kv_head = tile.head // (q_descale.shape[1] // k_descale.shape[1])
-        q_at, k_at, v_at = self.first_descales(tile, kv_head, q_descale)
+        q_block = tile.m_block
+        if cutlass.const_expr(self.config.cluster_ctas > 1):
+            # A cluster's query block past seqlen_q has no descale; its rows are never stored.
+            q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
+        # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
+        v_cursor = (
+            DescaleCursor(v_descale, 0, 0, 0) if cutlass.const_expr(self.config.fp8_v_per_tensor)
+            else DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1)
+        )
         return BlockScaledSoftmax(
             softmax_scale_log2,
-            q_descale[q_at],
+            q_descale[tile.batch, tile.head, q_block],
             rows,
-            DescaleCursor(k_descale, *k_at),
-            DescaleCursor(v_descale, *v_at),
+            DescaleCursor(k_descale, tile.batch, kv_head, tile.n_block_max - 1),
+            v_cursor,
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
             self.p_by_rounding,
             SHIFT_FLOAT if cutlass.const_expr(self.config.fp8_int8_shift_in_softmax) else 0.0,
         )
-
-    @cute.jit
-    def first_descales(self, tile: Tile, kv_head: Int32, q_descale: cute.Tensor) -> tuple:
-        """Where the tile's descales are read first: the Q tile's, and K's and V's of its
-        last key block (the mainloop's first), each as (batch, head, block)."""
-        q_block = tile.m_block
-        if cutlass.const_expr(self.config.cluster_ctas > 1):
-            # A cluster's query block past seqlen_q has no descale; its rows are never stored.
-            q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
-        last = (tile.batch, kv_head, tile.n_block_max - 1)
-        # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
-        v_at = (0, 0, 0) if cutlass.const_expr(self.config.fp8_v_per_tensor) else last
-        return (tile.batch, tile.head, q_block), last, v_at
-
-    @cute.jit
-    def prefetch_tile_inputs(self, descales: tuple, tile: Tile, kv_head: Int32) -> None:
-        """The producer asks L1 for the lines of the descales the tile's consumers read
-        first. It gets here while the consumers still run the previous tile's last blocks,
-        so their loads at the tile's start hit L1 instead of waiting on L2: in most rows
-        ptxas puts the first use of one of them before the tile's first S GEMM (the SASS of
-        perf/sass_local.py), whose issue then waits for the load."""
-        q_at, k_at, v_at = self.first_descales(tile, kv_head, descales[0])
-        for tensor, at in zip(descales, (q_at, k_at, v_at)):
-            element = tensor.iterator + cute.crd2idx(at, tensor.layout)
-            cute.arch.prefetch(element.llvm_ptr, cache_level="L1")
 
     @property
     def p_by_rounding(self) -> bool:
