@@ -10,11 +10,10 @@
 Prints the kernel's static instruction mix; the instructions before the first wgmma that
 read a global load's result (the GEMM's issue waits for that load); and, for every run of
 wgmma (HGMMA, or QGMMA for FP8) instructions, the uniform-datapath instructions issued
-among them: the operand
-descriptors of each wgmma are built there, and they compete with the wgmmas for issue
-slots. On the H200 (ncu, d256 s8k) flash4 issued 5.4 of them per wgmma in its hot loop and
-flash-attn-4 2.3, 15% more instructions in all. These are static counts; which run is hot
-(the mask-free loop) is for the reader to see in the dump.
+among them: the operand descriptors of each wgmma are built there, and they compete with
+the wgmmas for issue slots. On the H200 (ncu, d256 s8k) flash4 issued 5.4 of them per
+wgmma in its hot loop and flash-attn-4 2.3, 15% more instructions in all. These are static
+counts; which run is hot (the mask-free loop) is for the reader to see in the dump.
 """
 
 from __future__ import annotations
@@ -85,7 +84,8 @@ _NO_DESTINATION = ("ST", "STG", "STS", "STSM", "RED", "BRA", "BAR", "SYNCS", "CC
 
 
 def operand_registers(instruction: str) -> tuple[set[int], set[int]]:
-    """(written, read) general registers of one instruction; a 64-bit load writes a pair."""
+    """(written, read) general registers of one instruction; a 64- or 128-bit load writes
+    two or four."""
     parts = instruction.split(None, 1)
     if len(parts) < 2:
         return set(), set()
@@ -93,7 +93,8 @@ def operand_registers(instruction: str) -> tuple[set[int], set[int]]:
     if opcode(instruction) in _NO_DESTINATION or not _REGISTER.fullmatch(operands[0]):
         return set(), {int(r) for o in operands for r in _REGISTER.findall(o)}
     first = int(operands[0][1:])
-    written = {first, first + 1} if ".64" in parts[0] else {first}
+    width = 4 if ".128" in parts[0] else 2 if ".64" in parts[0] else 1
+    written = set(range(first, first + width))
     return written, {int(r) for o in operands[1:] for r in _REGISTER.findall(o)}
 
 
