@@ -10,11 +10,13 @@ partial until ``finalize`` since only the final value needs the whole row.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32
 
+from ..pipelines.stage_scalars import StageScalars
 from .e4m3_codes import CODES_PER_OCTAVE, code_base
 from .f16_scores import codes_in_place, round_down_to_f16, row_words, score_words, splat_f16x2
 from .f16_scores import row_max as f16_row_max
@@ -44,10 +46,14 @@ class OnlineSoftmax:
         self.row_max = cute.make_rmem_tensor(rows, Float32)
         self.row_sum = cute.make_rmem_tensor(rows, Float32)
 
-    def block_inputs(self, n_block: Int32):
-        """What ``update`` needs of key block ``n_block`` besides its scores, asked for
-        before the block's S completes: nothing here (the block-scaled softmax loads its
-        descales)."""
+    def tile_inputs(self, scalars: Optional[StageScalars], slot) -> None:
+        """Take what came with the tile's Q (slot ``slot`` of ``scalars``), right after the
+        wait for it: nothing here (the block-scaled softmax takes its descales)."""
+
+    def block_inputs(self, scalars: Optional[StageScalars], stage: Int32):
+        """What ``update`` needs of a key block besides its scores, read from K's stage
+        ``stage`` of ``scalars`` after the wait for it: nothing here (the block-scaled
+        softmax reads the block's descales)."""
         return None
 
     @cute.jit
@@ -240,34 +246,6 @@ CODE_MARGIN = 2.0**-6
 E4M3_MAX = 448.0
 
 
-class DescaleCursor:
-    """One (batch, head)'s descales per key block, read from the tile's last key block down,
-    as the mainloop visits the blocks (``next`` once per block).
-
-    The read goes through a flat index carried from block to block in a register, not
-    through the block's index into a row of the tensor: ptxas rematerializes a tile-constant
-    row address in every key block (at head dim 128, 22 uniform instructions each block,
-    the tile scheduler's divisions among them, the FP8 key loop 364 SASS instructions
-    against 342), but must keep a value that changes each block. The index is 32 bits:
-    descales are one float per tile."""
-
-    def __init__(self, descales: cute.Tensor, batch: Int32, head: Int32, last_block: Int32):
-        """``descales``: (batch, heads, key blocks)."""
-        self.flat = cute.make_tensor(descales.iterator, cute.make_layout(cute.size(descales)))
-        self.index = cute.make_rmem_tensor(1, Int32)
-        self.index[0] = (
-            Int32(batch) * Int32(descales.stride[0]) + Int32(head) * Int32(descales.stride[1])
-            + last_block * Int32(descales.stride[2])
-        )
-        self.step = Int32(descales.stride[2])
-
-    def next(self) -> Float32:
-        """This block's descale; the cursor moves to the block before it."""
-        i = self.index[0]
-        self.index[0] = i - self.step
-        return self.flat[i]
-
-
 class BlockScaledSoftmax(OnlineSoftmax):
     """The online softmax of the FP8 forward, whose inputs carry one descale per tile.
 
@@ -286,20 +264,16 @@ class BlockScaledSoftmax(OnlineSoftmax):
     """
 
     def __init__(
-        self, scale_log2: Float32, q_descale: Float32, rows: int, k_descales: DescaleCursor,
-        v_descales: DescaleCursor, v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
+        self, scale_log2: Float32, rows: int, v_per_tensor: bool = False, sums_on_tensor_cores: bool = False,
         p_by_rounding: bool = False, score_shift: float = 0.0,
     ):
-        """``q_descale``: the Q tile's, kept apart from ``scale_log2`` and multiplied where a
-        block's scale is made (multiplied in at the tile's start, ptxas waited for its load
-        before Q's wait; now it waits after Q's and K's, still before the first S GEMM).
-        ``k_descales`` and ``v_descales``: the tile's (batch, kv head)'s, from its last key
-        block; ``block_inputs`` must be asked for every key block, last first.
+        """The descales come with the tile's stages (pipelines/stage_scalars.py): Q's stage
+        holds the Q tile's descale, then V's when ``v_per_tensor``; each K stage its block's
+        K descale, then its V descale when V has one per block.
         ``score_shift``: a constant every raw score carries (int8 Q and K's shift, left in by
         Sm90ForwardConfig.fp8_int8_shift_in_softmax), taken off each row's max exactly and
         out of each row's constant."""
         super().__init__(scale_log2, rows)
-        self.q_descale = q_descale
         if sums_on_tensor_cores and not v_per_tensor:
             raise ValueError("sums_on_tensor_cores=True: only with v_per_tensor=True (one P scale for all blocks)")
         if p_by_rounding and not sums_on_tensor_cores:
@@ -308,28 +282,24 @@ class BlockScaledSoftmax(OnlineSoftmax):
         # P as e4m3 codes rounded from the scores (kernels/e4m3_codes.py): ``update`` leaves
         # F16_INTEGER_BASE plus each code in S's registers, for ``convert_codes``.
         self.p_by_rounding = p_by_rounding
-        self.k_descales = k_descales
-        self.v_descales = v_descales
         self.v_ref = cute.make_rmem_tensor(1, Float32)
         # Scores in f16 (kernels/f16_scores.py): each row's offset of its codes, an f16 value.
         self.code_offset = cute.make_rmem_tensor(rows, Float32)
         # One V descale for all blocks (any of them): P's scale is E4M3_MAX itself, and V's
-        # descale multiplies O once, in finalize. It is read here, at the tile's start: read
-        # in finalize, the load's whole latency stalled every tile's epilogue right after
-        # the last P V wait (ptxas keeps a global load behind a wgmma wait).
+        # descale multiplies O once, in finalize.
         self.v_per_tensor = v_per_tensor
-        if v_per_tensor:
-            self.v_descale = v_descales.flat[0]
         self.score_shift = score_shift
 
-    def block_inputs(self, n_block: Int32) -> tuple:
-        """Key block ``n_block``'s K and V descales, loaded from global memory ahead of the
-        softmax that uses them: the first block's before the wait for its K, the others'
-        while their S GEMM runs (read after it, the load's latency stalled the softmax).
-        The cursors hold the block's place: ``n_block`` is one below the last call's."""
+    def tile_inputs(self, scalars: StageScalars, slot) -> None:
+        values = scalars.read(slot)
+        self.q_descale = values[0]
         if self.v_per_tensor:
-            return self.k_descales.next(), None
-        return self.k_descales.next(), self.v_descales.next()
+            self.v_descale = values[1]
+
+    def block_inputs(self, scalars: StageScalars, stage: Int32) -> tuple:
+        """The block's K and V descales (None: V per tensor)."""
+        values = scalars.read(stage)
+        return values if cutlass.const_expr(not self.v_per_tensor) else (values[0], None)
 
     @cute.jit
     def update(

@@ -55,6 +55,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines import tile_queue
 from ..pipelines.named_barriers import NamedBarrier, WarpgroupPingPong
+from ..pipelines.stage_scalars import SCALAR_ARRIVALS, StageScalars, scalar_words
 from ..pipelines.tile_queue import TILE_QUEUE_STAGES, TileQueue, tile_queue_barrier_words
 from ..pipelines.tile_scheduler import TileScheduler
 from ..pipelines.tma_pipeline import (
@@ -89,11 +90,17 @@ class Rings:
     sV: cute.Tensor
     # The row-sum GEMM's all-ones B operand (kernels/tensor_core_row_sum.py), or None.
     sOnes: Optional[cute.Tensor] = None
+    # Values that travel with each Q stage and each K stage (pipelines/stage_scalars.py:
+    # the FP8 kernel's descales), or None.
+    q_scalars: Optional[StageScalars] = None
+    k_scalars: Optional[StageScalars] = None
 
 
 @dataclass(frozen=True)
 class Loads:
-    """What the producer reads: the TMA views of Q, K and V and their copy atoms."""
+    """What the producer reads: the TMA views of Q, K and V and their copy atoms, and the
+    FP8 descales (Q's, K's, V's; None for 16-bit inputs), which travel with Q's and K's
+    stages."""
 
     mQ: cute.Tensor
     mK: cute.Tensor
@@ -101,6 +108,7 @@ class Loads:
     atom_q: cute.CopyAtom
     atom_k: cute.CopyAtom
     atom_v: cute.CopyAtom
+    descales: tuple
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,8 @@ class Sm90ForwardKernel:
 
     The FP8 kernel (sm90_fwd_fp8.py) is this one with other inputs: it overrides the
     methods that place V, convert P and keep the softmax (``v_*``, ``store_p``,
-    ``make_softmax``) and passes the descales through ``launch``.
+    ``make_softmax``), says which descales travel with Q's and K's stages (``*_scalars``)
+    and passes the descales through ``launch``.
     """
 
     def __init__(self, config: Sm90ForwardConfig, dtype: Type[cutlass.Numeric]):
@@ -340,6 +349,10 @@ class Sm90ForwardKernel:
             fields["sO"] = buffer(cute.cosize(sO_layout), self.out_dtype)
         if self.sums_on_tensor_cores:
             fields["sOnes"] = buffer(cute.cosize(ones_tile_layout(self.dtype, self.tile_n)))
+        for name, values, stages in (("q_scalars", self.q_scalar_count, self.q_stages),
+                                     ("k_scalars", self.k_scalar_count, self.stages)):
+            if values:
+                fields[name] = cute.struct.MemRange[Float32, scalar_words(values, stages)]
         if self.config.dynamic_tiles:
             fields["tile_barriers"] = cute.struct.MemRange[cutlass.Int64, tile_queue_barrier_words()]
             fields["tile_positions"] = cute.struct.MemRange[Int32, TILE_QUEUE_STAGES]
@@ -405,9 +418,13 @@ class Sm90ForwardKernel:
         q_releasers = THREADS_PER_WARP if self.q_freed_by_store else self.consumer_threads
         ctas = self.config.cluster_ctas
         rings = Rings(
-            q=make_tma_ring(storage.q_barriers.data_ptr(), self.q_stages, self.q_bytes, q_releasers),
+            q=make_tma_ring(
+                storage.q_barriers.data_ptr(), self.q_stages, self.q_bytes, q_releasers,
+                extra_producer_arrivals=SCALAR_ARRIVALS if self.q_scalar_count else 0,
+            ),
             k=make_tma_ring(
-                storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads, ctas
+                storage.k_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads, ctas,
+                extra_producer_arrivals=SCALAR_ARRIVALS if self.k_scalar_count else 0,
             ),
             v=make_tma_ring(
                 storage.v_barriers.data_ptr(), self.stages, self.kv_bytes, self.consumer_threads, ctas
@@ -420,6 +437,10 @@ class Sm90ForwardKernel:
             ones_layout = ones_tile_layout(self.dtype, self.tile_n)
             rings = replace(rings, sOnes=storage.sOnes.get_tensor(ones_layout.outer, swizzle=ones_layout.inner))
             fill_ones(storage.sOnes.data_ptr(), self.tile_n, cute.arch.thread_idx()[0], self.budget.threads)
+        if cutlass.const_expr(self.q_scalar_count):
+            rings = replace(rings, q_scalars=StageScalars.make(storage.q_scalars.data_ptr(), self.q_scalar_count, self.q_stages))
+        if cutlass.const_expr(self.k_scalar_count):
+            rings = replace(rings, k_scalars=StageScalars.make(storage.k_scalars.data_ptr(), self.k_scalar_count, self.stages))
         # O goes out through Q's buffer unless it has its own: each warpgroup overwrites only
         # the 64 rows of Q that it alone read, after its last GEMM on them has completed.
         sO = rings.sQ[None, None, 0]
@@ -436,7 +457,7 @@ class Sm90ForwardKernel:
         if warp_idx < THREADS_PER_WARPGROUP // THREADS_PER_WARP:
             cute.arch.setmaxregister_decrease(self.budget.producer)
             if warp_idx == 0:
-                loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V)
+                loads = Loads(mQ, mK, mV, tma_atom_Q, tma_atom_K, tma_atom_V, (mQDescale, mKDescale, mVDescale))
                 if cutlass.const_expr(self.config.dynamic_tiles):
                     self.produce_dynamic(loads, rings, scheduler, queue, mTileCounter)
                 else:
@@ -445,8 +466,8 @@ class Sm90ForwardKernel:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
             self.consume(
-                tiled_mma_qk, tiled_mma_pv, rings, Outputs(sO, mO, mLSE, tma_atom_O), (mQDescale, mKDescale, mVDescale),
-                scheduler, queue, mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
+                tiled_mma_qk, tiled_mma_pv, rings, Outputs(sO, mO, mLSE, tma_atom_O), scheduler, queue,
+                mQ.shape[0], mK.shape[0], softmax_scale_log2, tidx,
             )
         if cutlass.const_expr(ctas > 1):
             finish_cluster()
@@ -506,7 +527,6 @@ class Sm90ForwardKernel:
         tiled_mma_pv: cute.TiledMma,
         rings: Rings,
         outputs: Outputs,
-        descales: tuple,
         scheduler: TileScheduler,
         queue: Optional[TileQueue],
         seqlen_q: Int32,
@@ -524,7 +544,7 @@ class Sm90ForwardKernel:
             pingpong.start()
         q_state = consumer_state(self.q_stages)
         kv_state = consumer_state(self.stages)
-        tile_args = (tiled_mma_qk, tiled_mma_pv, rings, outputs, descales, scheduler, seqlen_q, seqlen_k,
+        tile_args = (tiled_mma_qk, tiled_mma_pv, rings, outputs, scheduler, seqlen_q, seqlen_k,
                      softmax_scale_log2, pingpong, warpgroup_idx, tidx)
         if cutlass.const_expr(self.config.dynamic_tiles):
             position, tile_state = queue.pop(tile_queue.consumer_state())
@@ -544,7 +564,7 @@ class Sm90ForwardKernel:
     @cute.jit
     def consume_tile(
         self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, rings: Rings, outputs: Outputs,
-        descales: tuple, scheduler: TileScheduler, seqlen_q: Int32, seqlen_k: Int32, softmax_scale_log2: Float32,
+        scheduler: TileScheduler, seqlen_q: Int32, seqlen_k: Int32, softmax_scale_log2: Float32,
         pingpong: WarpgroupPingPong, warpgroup_idx: Int32, tidx: Int32, position: Int32, q_state, kv_state,
     ):
         """A consumer thread's part of the tile at ``position``; returns the rings' next states."""
@@ -554,7 +574,7 @@ class Sm90ForwardKernel:
         # A tile whose rows see no key (causal, seqlen_q > seqlen_k) keeps O = 0, LSE = -inf.
         lse.fill(-Float32.inf)
         if tile.n_block_max > 0:
-            softmax = self.make_softmax(softmax_scale_log2, cute.size(lse), tile, descales)
+            softmax = self.make_softmax(softmax_scale_log2, cute.size(lse))
             q_state, kv_state = self.mainloop(ops, rings, tile, lse, softmax, pingpong, q_state, kv_state)
         elif cutlass.const_expr(self.q_freed_by_store):
             rings.q.consumer_wait(q_state)
@@ -588,8 +608,21 @@ class Sm90ForwardKernel:
         kv_multicast, the share of the CTA ranked ``cta_rank`` in its cluster."""
         return tma_tile(atom, sV, mV, self.v_tile(), None, 0, cta_rank, self.config.cluster_ctas)
 
-    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> OnlineSoftmax:
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int) -> OnlineSoftmax:
         return OnlineSoftmax(softmax_scale_log2, rows, self.config.sum_from_rescaled)
+
+    # Values that travel with each Q stage and each K stage (``Rings.q_scalars``): none for
+    # 16-bit inputs; the FP8 kernel's descales.
+    q_scalar_count = 0
+    k_scalar_count = 0
+
+    def q_scalar_sources(self, loads: Loads, tile: Tile) -> tuple:
+        """Pointers to the ``q_scalar_count`` float32 values of ``tile``'s Q stage."""
+        return ()
+
+    def k_scalar_sources(self, loads: Loads, tile: Tile, kv_head: Int32, n_block: Int32) -> tuple:
+        """Pointers to the ``k_scalar_count`` float32 values of key block ``n_block``."""
+        return ()
 
     # ------------------------------------------------------------------ key ranges
     @cute.jit
@@ -653,6 +686,7 @@ class Sm90ForwardKernel:
         k_ring.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
                   tma_bar_ptr=k_ring.producer_get_barrier(state), **kv_copy)
+        self.load_k_scalars(loads, rings, tile, kv_head, n_block, state)
         if cutlass.const_expr(self.q_stages == 1):
             q_state = self.load_q(loads, rings, tile, q_state)
         # Steady state: K of the next block runs one block ahead of V, in the order the
@@ -663,6 +697,7 @@ class Sm90ForwardKernel:
             k_ring.producer_acquire(state)
             cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
                       tma_bar_ptr=k_ring.producer_get_barrier(state), **kv_copy)
+            self.load_k_scalars(loads, rings, tile, kv_head, n_block - 1, state)
             v_ring.producer_acquire(v_state)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, v_state.index],
                       tma_bar_ptr=v_ring.producer_get_barrier(v_state), **kv_copy)
@@ -686,8 +721,20 @@ class Sm90ForwardKernel:
         tQsQ, tQgQ = tma_tile(loads.atom_q, sQ, loads.mQ[None, None, tile.head, tile.batch], q_tile, tile.m_block)
         rings.q.producer_acquire(q_state)
         cute.copy(loads.atom_q, tQgQ, tQsQ, tma_bar_ptr=rings.q.producer_get_barrier(q_state))
+        if cutlass.const_expr(self.q_scalar_count):
+            rings.q_scalars.load(
+                self.q_scalar_sources(loads, tile), self.q_slot(q_state), rings.q.producer_get_barrier(q_state)
+            )
         q_state.advance()
         return q_state
+
+    @cute.jit
+    def load_k_scalars(self, loads: Loads, rings: Rings, tile: Tile, kv_head: Int32, n_block: Int32, state):
+        """Key block ``n_block``'s values into K's stage ``state``, after its acquire."""
+        if cutlass.const_expr(self.k_scalar_count):
+            rings.k_scalars.load(
+                self.k_scalar_sources(loads, tile, kv_head, n_block), state.index, rings.k.producer_get_barrier(state)
+            )
 
     # ------------------------------------------------------------------ consumers
     def warpgroup_slice(self, tiled_mma: cute.TiledMma, warpgroup_idx: Int32):
@@ -762,6 +809,8 @@ class Sm90ForwardKernel:
         """All key blocks of the tile; leaves O normalised in ``ops.acc_o`` and LSE in ``lse``.
         Returns the Q and K/V rings' states for the next tile."""
         rings.q.consumer_wait(q_state)
+        # Before anything can release Q's stage: the values that came with it.
+        softmax.tile_inputs(rings.q_scalars, self.q_slot(q_state))
         if cutlass.const_expr(self.config.q_in_registers):
             ops.q_registers.load()
             if cutlass.const_expr(not self.q_freed_by_store):
@@ -771,10 +820,8 @@ class Sm90ForwardKernel:
 
         # First block: the highest one, masked for the tail of seqlen_k and the diagonal.
         n_block = tile.n_block_max - 1
-        # Its inputs (FP8: descales from global memory) are asked for before the wait for K:
-        # issued after the S GEMM, their load had only that GEMM to hide behind.
-        block = softmax.block_inputs(n_block)
         rings.k.consumer_wait(state)
+        block = softmax.block_inputs(rings.k_scalars, state.index)
         first_turn = self.pingpong and self.config.first_block_turn
         if cutlass.const_expr(first_turn):
             pingpong.wait_turn()
@@ -859,7 +906,7 @@ class Sm90ForwardKernel:
         self.pv_gemm(ops, v_state.index)
         if cutlass.const_expr(self.pingpong):
             pingpong.pass_turn()
-        block = softmax.block_inputs(n_block)
+        block = softmax.block_inputs(rings.k_scalars, state.index)
         # Wait for S only; P V may still run while the softmax below does.
         warpgroup.wait_group(1)
         acc_s = self.float_scores(acc_s)

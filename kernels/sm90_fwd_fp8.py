@@ -12,7 +12,9 @@ epilogue are the same. What changes:
   thread: the keys of each 32-key group are renamed (``FP8_PV_KEY_ORDER``) so that the
   values a thread holds are its A values, and V's keys are stored in that order.
 - Descales: the Q tile's and key block j's K descale multiply the softmax scale; block j's
-  V descale is folded into P's scale onto e4m3's range (``BlockScaledSoftmax``).
+  V descale is folded into P's scale onto e4m3's range (``BlockScaledSoftmax``). They reach
+  the consumers in shared memory, copied by the producer with Q's and K's stages
+  (pipelines/stage_scalars.py): no consumer makes a global load.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ from .configs import Sm90ForwardConfig
 from .f16_scores import pack_codes
 from .int8_scores import SHIFT_FLOAT
 from .mma_layouts import acc_as_fp8_a_operand
-from .online_softmax import BlockScaledSoftmax, DescaleCursor
+from .online_softmax import BlockScaledSoftmax
 from .packed_convert import convert_packed
-from .sm90_fwd import Sm90ForwardKernel, Tile
+from .sm90_fwd import Loads, Sm90ForwardKernel, Tile
 from .wgmma import tma_tile
+
+
+def element(tensor: cute.Tensor, coord: tuple) -> cute.Pointer:
+    """The address of one element of ``tensor``."""
+    return tensor.iterator + cute.crd2idx(coord, tensor.layout)
 
 
 class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
@@ -83,30 +90,48 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         # One row of tiles (all of head_dim); the key blocks are the last mode.
         return tma_tile(atom, sV, mV, self.v_tile(), 0, None, cta_rank, self.config.cluster_ctas)
 
-    @cute.jit
-    def make_softmax(self, softmax_scale_log2: Float32, rows: int, tile: Tile, descales: tuple) -> BlockScaledSoftmax:
-        q_descale, k_descale, v_descale = descales
-        kv_head = tile.head // (q_descale.shape[1] // k_descale.shape[1])
-        q_block = tile.m_block
-        if cutlass.const_expr(self.config.cluster_ctas > 1):
-            # A cluster's query block past seqlen_q has no descale; its rows are never stored.
-            q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
-        # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
-        v_cursor = (
-            DescaleCursor(v_descale, 0, 0, 0) if cutlass.const_expr(self.config.fp8_v_per_tensor)
-            else DescaleCursor(v_descale, tile.batch, kv_head, tile.n_block_max - 1)
-        )
+    def make_softmax(self, softmax_scale_log2: Float32, rows: int) -> BlockScaledSoftmax:
         return BlockScaledSoftmax(
             softmax_scale_log2,
-            q_descale[tile.batch, tile.head, q_block],
             rows,
-            DescaleCursor(k_descale, tile.batch, kv_head, tile.n_block_max - 1),
-            v_cursor,
             self.config.fp8_v_per_tensor,
             self.sums_on_tensor_cores,
             self.p_by_rounding,
             SHIFT_FLOAT if cutlass.const_expr(self.config.fp8_int8_shift_in_softmax) else 0.0,
         )
+
+    # The descales travel with the stages the consumers wait for (pipelines/stage_scalars.py),
+    # in the order BlockScaledSoftmax reads them: Q's stage the Q tile's, then V's when V
+    # has one per tensor; K's stage the block's K descale, then its V descale.
+    @property
+    def q_scalar_count(self) -> int:
+        return 2 if self.config.fp8_v_per_tensor else 1
+
+    @property
+    def k_scalar_count(self) -> int:
+        return 1 if self.config.fp8_v_per_tensor else 2
+
+    @cute.jit
+    def q_scalar_sources(self, loads: Loads, tile: Tile) -> tuple:
+        q_descale, _, v_descale = loads.descales
+        q_block = tile.m_block
+        if cutlass.const_expr(self.config.cluster_ctas > 1):
+            # A cluster's query block past seqlen_q has no descale; its rows are never stored.
+            q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
+        sources = (element(q_descale, (tile.batch, tile.head, q_block)),)
+        if cutlass.const_expr(self.config.fp8_v_per_tensor):
+            # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
+            sources = sources + (v_descale.iterator,)
+        return sources
+
+    @cute.jit
+    def k_scalar_sources(self, loads: Loads, tile: Tile, kv_head: Int32, n_block: Int32) -> tuple:
+        _, k_descale, v_descale = loads.descales
+        block = (tile.batch, kv_head, n_block)
+        sources = (element(k_descale, block),)
+        if cutlass.const_expr(not self.config.fp8_v_per_tensor):
+            sources = sources + (element(v_descale, block),)
+        return sources
 
     @property
     def p_by_rounding(self) -> bool:

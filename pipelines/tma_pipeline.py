@@ -26,7 +26,8 @@ from .warp_roles import THREADS_PER_WARP
 
 
 def make_tma_ring(
-    barriers: cute.Pointer, stages: int, tx_bytes: int, consumer_threads: int, multicast_ctas: int = 1
+    barriers: cute.Pointer, stages: int, tx_bytes: int, consumer_threads: int, multicast_ctas: int = 1,
+    extra_producer_arrivals: int = 0,
 ) -> cpipe.PipelineTmaAsync:
     """A ring of ``stages`` buffers loaded by one TMA thread, read by ``consumer_threads``.
 
@@ -36,9 +37,13 @@ def make_tma_ring(
     consumers of every CTA are done with it, so lanes 0 .. multicast_ctas - 1 of each
     consumer warp arrive on the *empty* barrier of CTA (lane), and each *empty* counts
     consumer warps times CTAs. *full* still expects the whole stage's bytes.
+    ``extra_producer_arrivals``: arrivals *full* waits for besides the TMA thread's, each
+    made by the producer for values it copies some other way (pipelines/stage_scalars.py).
     """
     if consumer_threads % THREADS_PER_WARP:
         raise ValueError(f"consumer_threads={consumer_threads} is not a whole number of warps")
+    if extra_producer_arrivals < 0:
+        raise ValueError(f"extra_producer_arrivals={extra_producer_arrivals}: a count, at least 0")
     if stages < 1:
         raise ValueError(f"stages={stages}: a ring needs at least one stage")
     consumers = consumer_threads // THREADS_PER_WARP
@@ -55,7 +60,7 @@ def make_tma_ring(
     return cpipe.PipelineTmaAsync.create(
         barrier_storage=barriers,
         num_stages=stages,
-        producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1),
+        producer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, 1 + extra_producer_arrivals),
         consumer_group=cpipe.CooperativeGroup(cpipe.Agent.Thread, consumers),
         tx_count=tx_bytes,
         # The kernel fences and syncs once after initialising every ring.

@@ -324,12 +324,17 @@ def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
     # and V's descales are read once, not per block.
     from flash4.compiler import compile_entry
 
-    table = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=True), arch="sm_90a")
-    blockwise = compile_entry(select_fp8("sm_90a", 128, True, 4096, v_per_tensor=False), arch="sm_90a")
+    import cutlass
+    from flash4.kernels.sm90_fwd_fp8 import Sm90Fp8ForwardKernel
+
+    entries = [select_fp8("sm_90a", 128, True, 4096, v_per_tensor=per_tensor) for per_tensor in (True, False)]
+    table, blockwise = (compile_entry(entry, arch="sm_90a") for entry in entries)
     for report in (table, blockwise):
         assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     assert "div.rn.f32" in blockwise.ptx and "div.rn.f32" not in table.ptx
-    assert table.ptx.count("ld.global") < blockwise.ptx.count("ld.global")
+    # V's descale travels once a tile with Q's stage, or with each key block's K.
+    kernels = [Sm90Fp8ForwardKernel(entry.config, cutlass.BFloat16) for entry in entries]
+    assert [(k.q_scalar_count, k.k_scalar_count) for k in kernels] == [(2, 1), (1, 2)]
 
 
 @pytest.mark.parametrize(
