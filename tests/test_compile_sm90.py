@@ -322,9 +322,9 @@ def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
     # The table's FP8 rows take V per tensor: no IEEE division is left (the blockwise-V
     # kernel, select_fp8's other answer, divides by the running V descale in every block)
     # and V's descales are read once, not per block.
-    from flash4.compiler import compile_entry
-
     import cutlass
+
+    from flash4.compiler import compile_entry
     from flash4.kernels.sm90_fwd_fp8 import Sm90Fp8ForwardKernel
 
     entries = [select_fp8("sm_90a", 128, True, 4096, v_per_tensor=per_tensor) for per_tensor in (True, False)]
