@@ -26,6 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ..pipelines.stage_scalars import element_address
 from .configs import Sm90ForwardConfig
 from .f16_scores import pack_codes
 from .int8_scores import SHIFT_FLOAT
@@ -34,11 +35,6 @@ from .online_softmax import BlockScaledSoftmax
 from .packed_convert import convert_packed
 from .sm90_fwd import Loads, Sm90ForwardKernel, Tile
 from .wgmma import tma_tile
-
-
-def element(tensor: cute.Tensor, coord: tuple) -> cute.Pointer:
-    """The address of one element of ``tensor``."""
-    return tensor.iterator + cute.crd2idx(coord, tensor.layout)
 
 
 class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
@@ -118,7 +114,7 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
         if cutlass.const_expr(self.config.cluster_ctas > 1):
             # A cluster's query block past seqlen_q has no descale; its rows are never stored.
             q_block = cutlass.min(q_block, q_descale.shape[2] - 1)
-        sources = (element(q_descale, (tile.batch, tile.head, q_block)),)
+        sources = (element_address(q_descale, (tile.batch, tile.head, q_block)),)
         if cutlass.const_expr(self.config.fp8_v_per_tensor):
             # V per tensor: its descale is the tensor's first float, whatever shape it comes in.
             sources = sources + (v_descale.iterator,)
@@ -128,9 +124,9 @@ class Sm90Fp8ForwardKernel(Sm90ForwardKernel):
     def k_scalar_sources(self, loads: Loads, tile: Tile, kv_head: Int32, n_block: Int32) -> tuple:
         _, k_descale, v_descale = loads.descales
         block = (tile.batch, kv_head, n_block)
-        sources = (element(k_descale, block),)
+        sources = (element_address(k_descale, block),)
         if cutlass.const_expr(not self.config.fp8_v_per_tensor):
-            sources = sources + (element(v_descale, block),)
+            sources = sources + (element_address(v_descale, block),)
         return sources
 
     @property

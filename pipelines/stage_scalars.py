@@ -30,6 +30,11 @@ SCALAR_ARRIVALS = 1
 SCALAR_BITS = 32
 
 
+def element_address(tensor: cute.Tensor, coord: tuple) -> cute.Pointer:
+    """The address of one element of ``tensor``: a source for ``StageScalars.load``."""
+    return tensor.iterator + cute.crd2idx(coord, tensor.layout)
+
+
 def scalar_words(values: int, stages: int) -> int:
     """float32 words the values of a ring take in shared memory."""
     return values * stages
@@ -58,12 +63,9 @@ class StageScalars:
         with cute.arch.elect_one():
             for i, source in enumerate(sources):
                 src = cute.make_tensor(source, cute.make_layout(1))
-                dst = cute.make_tensor(self._slot(i, stage), cute.make_layout(1))
+                dst = cute.make_tensor(element_address(self.smem, (i, stage)), cute.make_layout(1))
                 cute.copy(atom, src, dst)
             cute.arch.cp_async_mbarrier_arrive_noinc(full_barrier)
-
-    def _slot(self, value: int, stage: Int32) -> cute.Pointer:
-        return self.smem.iterator + cute.crd2idx((value, stage), self.smem.layout)
 
     def read(self, stage: Int32) -> tuple:
         """Consumer, after waiting for the stage and before releasing it: its values."""
