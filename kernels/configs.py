@@ -70,9 +70,10 @@ class Sm90ForwardConfig:
     # and shift (True), or by the divider's ~25 instructions on the uniform datapath, its
     # divisors rebuilt in the kernel (False, pipelines.tile_scheduler). The FP8 rows of
     # head dim 64 unmasked and 256 causal ran 2-8% faster with the divider while ptxas
-    # rebuilt K's descale address in every key block; since K's descales are read through
-    # a carried cursor, only the FP8 row of head dim 256 causal keeps it, where CUDA 12's
-    # ptxas spills without it (perf/h200-findings.md, the thirteenth FP8 sweep).
+    # rebuilt K's descale address in every key block; since then the descales reach the
+    # consumers in shared memory (pipelines/stage_scalars.py), and only the FP8 row of head
+    # dim 256 causal keeps it, where CUDA 12's ptxas spills without it (perf/h200-findings.md,
+    # the thirteenth FP8 sweep).
     fast_tile_divmod: bool = True
     # One CTA per SM looping over tiles (see pipelines.tile_scheduler). O gets its own
     # shared-memory buffer where it fits, so the next tile's Q lands while this tile's O is
