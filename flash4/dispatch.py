@@ -157,18 +157,18 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 
 
 # The FP8 kernel's rows, chosen by sweeps on the H200 and, since the descales travel with
-# the stages, the H100 (perf/sweep_configs.py --pass fp8, each change against the row before
-# it; the numbers, and the changes that did not pay, are in perf/h200-findings.md, "The
-# selector's rows"). Q's descale blocks are the query
-# tile, K's and V's the key tile (multiples of the FP8 wgmma's 32-deep k-step):
-# flash4.fp8.fp8_blocks reads them off the row a problem selects. Every row: a persistent
-# grid, V per tensor (a blockwise V gets the row's kernel built for it, select_fp8), O's
-# rescale skipped by a warp vote; compiled without an LSE, row sums on the tensor cores
-# and P's e4m3 codes rounded from the scores, with no exponential. Head dim 64: three
-# warpgroups on 192-row tiles unmasked (two Q slots, O stored per warpgroup), and causal
-# from 4k (with tiles taken at run time); causal, Q in registers, and 128-row tiles below
-# 4k. Head dim 128: two warpgroups on 128-key blocks with Q in registers. Head dim 256:
-# 128-key blocks, no ping-pong, P converted before O's rescale.
+# the stages, the H100 (perf/sweep_configs.py --pass fp8, each change against the row
+# before it; the numbers, and the changes that did not pay, are in perf/h200-findings.md,
+# "The selector's rows"). Q's descale blocks are the query tile, K's and V's the key tile
+# (multiples of the FP8 wgmma's 32-deep k-step): flash4.fp8.fp8_blocks reads them off the
+# row a problem selects. Every row: a persistent grid, V per tensor (a blockwise V gets
+# the row's kernel built for it, select_fp8), O's rescale skipped by a warp vote; compiled
+# without an LSE, row sums on the tensor cores and P's e4m3 codes rounded from the scores,
+# with no exponential. Head dim 64: three warpgroups on 192-row tiles unmasked (two Q
+# slots, O stored per warpgroup), and causal from 4k (with tiles taken at run time);
+# causal, Q in registers, and 128-row tiles below 4k. Head dim 128: two warpgroups on
+# 128-key blocks with Q in registers. Head dim 256: 128-key blocks, no ping-pong, P
+# converted before O's rescale.
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
