@@ -488,6 +488,8 @@ class Sm90ForwardKernel:
         position = scheduler.first()
         while position < scheduler.end():
             if scheduler.valid(position):
+                if cutlass.const_expr(self.config.l2_prefetch_blocks):
+                    self.prefetch_tile(loads, rings, scheduler, scheduler.next(position))
                 q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
             position = scheduler.next(position)
 
@@ -507,6 +509,31 @@ class Sm90ForwardKernel:
             q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
             position = tile_queue.next_ticket(counter.iterator) + scheduler.walkers()
         queue.push(tile_state, scheduler.end())
+
+    @cute.jit
+    def prefetch_tile(self, loads: Loads, rings: Rings, scheduler: TileScheduler, position: Int32):
+        """Into L2, ahead of the rings: the Q of the tile at ``position`` and its first
+        ``l2_prefetch_blocks`` key blocks of K and V, in the order ``load`` issues them.
+        Nothing past the last tile."""
+        if scheduler.valid(position):
+            tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
+            kv_head = self.kv_head(loads, tile)
+            q_tile, kv_tile = (self.tile_m, self.head_dim), (self.tile_n, self.head_dim)
+            _, tQgQ = tma_tile(loads.atom_q, rings.sQ[None, None, 0], loads.mQ[None, None, tile.head, tile.batch],
+                               q_tile, tile.m_block)
+            _, tKgK = tma_tile(loads.atom_k, rings.sK, loads.mK[None, None, kv_head, tile.batch], kv_tile, None)
+            _, tVgV = self.v_tiles(loads.atom_v, rings.sV, loads.mV[None, None, kv_head, tile.batch])
+            first = tile.n_block_max - 1
+            # One lane asks: a prefetch, unlike a TMA copy, is issued by every lane that runs it.
+            with cute.arch.elect_one():
+                cute.prefetch(loads.atom_q, tQgQ)
+                for i in cutlass.range(cutlass.min(tile.n_block_max, self.config.l2_prefetch_blocks), unroll=1):
+                    cute.prefetch(loads.atom_k, tKgK[None, first - i])
+                    cute.prefetch(loads.atom_v, tVgV[None, first - i])
+
+    def kv_head(self, loads: Loads, tile: Tile) -> Int32:
+        """The K/V head of the tile's query head (grouped-query attention: a run of them)."""
+        return tile.head // (loads.mQ.shape[2] // loads.mK.shape[2])
 
     @cute.jit
     def load_tile(self, loads: Loads, rings: Rings, scheduler: TileScheduler, position: Int32, q_state, kv_state):
@@ -663,7 +690,7 @@ class Sm90ForwardKernel:
         """One tile's Q, K and V loads; returns the rings' states for the next tile."""
         mQ, mK, mV = loads.mQ, loads.mK, loads.mV
         tma_atom_K, tma_atom_V = loads.atom_k, loads.atom_v
-        kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
+        kv_head = self.kv_head(loads, tile)
         kv_tile = (self.tile_n, self.head_dim)
         ctas = self.config.cluster_ctas
         rank = 0
