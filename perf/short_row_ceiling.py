@@ -13,6 +13,11 @@ terms, how well the line fits, the measured ratio slow / fast per seqlen, and th
 the FP8 kernel would reach with its own fixed cost and a per-FLOP cost exactly half the
 16-bit kernel's (the FP8 tensor cores' rate over the 16-bit ones'): its ceiling for this
 design, where any cut to the fixed cost the two kernels share moves both.
+
+Then the bytes: each kernel's least DRAM traffic (Q, K and V read once, O written once)
+over its time, against the copy rate the bench measured. A kernel near that rate is bound
+by DRAM, and where both are, the ratio of their times cannot pass the ratio of their bytes
+(8 / 5 = 1.6 for e4m3 in and bf16 out against bf16 in and out).
 """
 
 from __future__ import annotations
@@ -26,6 +31,29 @@ from pathlib import Path
 # FP8 wgmma runs at twice the 16-bit rate on Hopper: the most an FP8 kernel's per-FLOP
 # cost can shrink.
 TENSOR_RATE_RATIO = 2.0
+
+
+# Bytes per element of Q (and of K, V, O) that must cross DRAM at least: each tensor once,
+# since the other query tiles of a head find its K and V in L2.
+FAST_IN_BYTES, SLOW_IN_BYTES, OUT_BYTES = 1, 2, 2
+
+
+def least_bytes(shape: dict, in_bytes: int) -> float:
+    """Q, K and V read once and O (16-bit) written once, for one bench shape."""
+    q_elements = shape["batch"] * shape["seqlen"] * shape["heads"] * shape["head_dim"]
+    kv_elements = q_elements / shape.get("group", 1)
+    return q_elements * (in_bytes + OUT_BYTES) + 2 * kv_elements * in_bytes
+
+
+def dram_rates(report: dict, fast: str, slow: str) -> list[tuple[dict, float, float]]:
+    """(shape, fast's bytes per second, slow's) for every record timing both."""
+    rates = []
+    for record in report["records"]:
+        shape, results = record["shape"], record["results"]
+        if fast in results and slow in results and results[fast].get("ms") and results[slow].get("ms"):
+            rates.append((shape, least_bytes(shape, FAST_IN_BYTES) / (results[fast]["ms"] * 1e-3),
+                          least_bytes(shape, SLOW_IN_BYTES) / (results[slow]["ms"] * 1e-3)))
+    return rates
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -100,6 +128,13 @@ def main() -> None:
         print("  seqlen  measured  ceiling")
         for seqlen, measured, ceiling in fit.ratios:
             print(f"  {seqlen:>6}  {measured:8.2f}  {ceiling:7.2f}")
+    copy = report.get("ceilings", {}).get("copy_gb_per_s")
+    print(f"\nLeast DRAM bytes over time, TB/s ({args.fast} / {args.slow})"
+          + (f", and as a share of the copy's {copy / 1e3:.2f} TB/s" if copy else ""))
+    for shape, fast_rate, slow_rate in dram_rates(report, args.fast, args.slow):
+        share = f"  {fast_rate / (copy * 1e9):4.0%} / {slow_rate / (copy * 1e9):4.0%}" if copy else ""
+        mask = "causal" if shape["causal"] else "full"
+        print(f"  d{shape['head_dim']:<3} {mask:6} {shape['seqlen']:>6}  {fast_rate / 1e12:5.2f} / {slow_rate / 1e12:5.2f}{share}")
 
 
 if __name__ == "__main__":

@@ -53,3 +53,15 @@ def test_a_slower_fast_kernel_stays_below_its_ceiling():
     # With equal fixed costs the ceiling climbs towards the tensor-rate ratio as the work grows.
     ceilings = [ceiling for _, _, ceiling in fit.ratios]
     assert ceilings == sorted(ceilings) and ceilings[-1] < module.TENSOR_RATE_RATIO
+
+
+def test_dram_rates_count_q_k_v_once_and_o_once():
+    module = _module()
+    shape = {"batch": 2, "seqlen": 512, "heads": 8, "head_dim": 128, "causal": False, "group": 4}
+    elements = 2 * 512 * 8 * 128
+    # e4m3 Q (1 byte) and bf16 O (2), K and V a quarter of Q's elements under GQA 4.
+    fast_bytes, slow_bytes = elements * (3 + 2 * 0.25), elements * (4 + 4 * 0.25)
+    report = {"records": [{"shape": shape, "results": {"flash4": {"ms": 2.0}, "flash4-bf16": {"ms": 4.0}}}]}
+    ((got, fast_rate, slow_rate),) = module.dram_rates(report, "flash4", "flash4-bf16")
+    assert got is shape
+    assert fast_rate == pytest.approx(fast_bytes / 2e-3) and slow_rate == pytest.approx(slow_bytes / 4e-3)
