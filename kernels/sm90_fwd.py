@@ -7,7 +7,9 @@ and Q while the consumers still finish the current one.
 
 Warp roles
   warpgroup 0, warp 0   producer: per tile, TMA loads of Q, then K and V blocks into rings,
-                        from the last key block to the first. Gives registers away.
+                        from the last key block to the first (l2_prefetch_blocks: first
+                        asks L2 for the next tile's Q and first blocks). Gives registers
+                        away.
   warpgroups 1..W       consumers, 64 query rows each: S = Q K^T (wgmma, both operands in
                         shared memory, or Q in registers: q_in_registers), masking, online
                         softmax, O += P V (wgmma, P from registers), then the epilogue.
