@@ -264,8 +264,8 @@ class Sm90ForwardConfig:
             )
         if self.fp8_int8_shift_in_softmax and not self.fp8_qk_int8:
             raise ValueError("fp8_int8_shift_in_softmax=True: only with fp8_qk_int8=True")
-        if self.consumer_warpgroups not in (2, 3):
-            raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2 or 3 are supported")
+        if self.consumer_warpgroups not in (2, 3, 4):
+            raise ValueError(f"consumer_warpgroups={self.consumer_warpgroups}: 2, 3 or 4 are supported")
         if self.kv_stages < 1:
             raise ValueError(f"kv_stages={self.kv_stages}: the K/V rings need at least one stage")
         if self.q_stages < 1 or (self.q_stages > 1 and not (self.persistent and not self.o_in_q_buffer)):

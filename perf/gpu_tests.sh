@@ -36,7 +36,7 @@ segments=(
   "fp8quantize|300|tests/test_fp8_gpu.py -k (quantiz or v_layout) and not int8"
   "fp8int8|420|tests/test_fp8_gpu.py -k int8 -s"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
-  "fwdcandidates|200|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate and not int8"
+  "fwdcandidates|420|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate and not int8"
   "bwdcandidates|300|tests/test_bwd_gpu.py -k candidate"
 )
 

@@ -2,6 +2,9 @@
 
 Barrier 0 is what ``__syncthreads`` uses, so flash4's own ids start at 1. A barrier id is a
 per-CTA resource (16 on sm_90): kernels take theirs from this one enum, never a bare literal.
+The ids of one kernel must differ; the forward's and the backward's may coincide, since no
+CTA runs both: with four consumer warpgroups the forward's fourth turn takes DS_TILE's id
+and its fourth O slab DS_WRITTEN_0's.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ import enum
 import cutlass
 import cutlass.cute as cute
 
+# Named barriers per CTA on sm_90, 0 included.
+HARDWARE_BARRIERS = 16
+
 
 class NamedBarrier(enum.IntEnum):
     # The consumer warpgroups' shared epilogue: every thread's O is in shared memory
     # before the one thread that issues the TMA store reads it.
     EPILOGUE = 1
     # Turn-taking of the consumer warpgroups (ping-pong): warpgroup i waits on
-    # WARPGROUP_TURN_0 + i before it issues its GEMMs.
+    # WARPGROUP_TURN_0 + i before it issues its GEMMs (2 to 5).
     WARPGROUP_TURN_0 = 2
     # Backward: every part of the consumer warpgroups' shared dSᵀ tile is written before
     # any dQ GEMM reads it. (After the three ping-pong turn barriers, 2..4.)
@@ -29,7 +35,7 @@ class NamedBarrier(enum.IntEnum):
     DQ_FULL_0 = 6
     DQ_EMPTY_0 = 8
     # Forward with one O store per consumer warpgroup: warpgroup i's 128 threads meet on
-    # EPILOGUE_WARPGROUP_0 + i around writing their slab of O (10, 11, 12).
+    # EPILOGUE_WARPGROUP_0 + i around writing their slab of O (10 to 13).
     EPILOGUE_WARPGROUP_0 = 10
     # Backward with staggered warpgroups (no DS_TILE meeting): warpgroup i arrives on
     # DS_WRITTEN_0 + i once its rows of a query block's dSᵀ tile are written, and the other
@@ -52,8 +58,8 @@ class WarpgroupPingPong:
     """
 
     def __init__(self, warpgroup: cutlass.Int32, num_warpgroups: int, threads_per_warpgroup: int):
-        if num_warpgroups not in (2, 3):
-            raise ValueError(f"ping-pong needs 2 or 3 consumer warpgroups, got {num_warpgroups}")
+        if num_warpgroups not in (2, 3, 4):
+            raise ValueError(f"ping-pong needs 2, 3 or 4 consumer warpgroups, got {num_warpgroups}")
         self.warpgroup = warpgroup
         self.num_warpgroups = num_warpgroups
         # A turn barrier is passed by the waiting warpgroup plus the one handing over.

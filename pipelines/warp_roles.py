@@ -43,4 +43,5 @@ def register_budget(consumer_warpgroups: int) -> RegisterBudget:
     return {
         2: RegisterBudget(producer=24, consumer=240, consumer_warpgroups=2),
         3: RegisterBudget(producer=32, consumer=160, consumer_warpgroups=3),
+        4: RegisterBudget(producer=24, consumer=120, consumer_warpgroups=4),
     }[consumer_warpgroups]

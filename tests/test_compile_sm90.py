@@ -318,6 +318,30 @@ def test_dynamic_tiles_take_one_ticket_a_tile(dtype):
     assert inits[1] - inits[0] == 4
 
 
+# Four consumer warpgroups at head dim 64 (FP8): (causal, tile_n, f16 scores) that fit.
+FOUR_WARPGROUP_VARIANTS = [(False, 64, False), (False, 64, True), (True, 64, False), (True, 64, True), (True, 128, True)]
+
+
+@pytest.mark.parametrize("causal,tile_n,f16_scores", FOUR_WARPGROUP_VARIANTS,
+                         ids=[f"{'causal' if c else 'full'}-{n}-{'f16' if f else 'fp32'}" for c, n, f in FOUR_WARPGROUP_VARIANTS])
+def test_four_warpgroups_at_head_dim_64_compile_clean(causal, tile_n, f16_scores):
+    # Head dim 64's FP8 rows on four consumer warpgroups (256-row tiles) and the blocks
+    # that fit their 120 registers: no spills, the budget's setmaxnreg, turns met by two
+    # warpgroups and O slabs by one (their ids are the warpgroup's, in a register; the CPU
+    # test of the ids is tests/test_configs.py's). 128-key blocks spill unmasked (84 bytes)
+    # and with fp32 scores (1188).
+    import dataclasses
+
+    entry = select_fp8("sm_90a", 64, causal, 512, True, f16_scores=f16_scores)
+    config = dataclasses.replace(entry.config, consumer_warpgroups=4, tile_n=tile_n)
+    report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a", with_lse=False)
+    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
+    budget = register_budget(4)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{budget.consumer}\b", report.ptx)
+    met_by = set(re.findall(r"bar\.sync\s+%r\d+,\s*(\d+)", report.ptx))
+    assert {"256", "128"} <= met_by, sorted(met_by)
+
+
 # An elected instruction follows its elect.sync by the predicate's negation, the branch of
 # the other lanes and the operands' moves, with whatever of its coordinates' arithmetic
 # ptxas sinks into the branch; unelected, the nearest elect is a load's, a hundred lines up.

@@ -28,7 +28,7 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
 @pytest.mark.parametrize(
     "fields,message",
     [
-        (dict(head_dim=128, tile_n=128, consumer_warpgroups=4), "consumer_warpgroups=4"),
+        (dict(head_dim=128, tile_n=128, consumer_warpgroups=5), "consumer_warpgroups=5"),
         (dict(head_dim=128, tile_n=128, kv_stages=0), "kv_stages=0"),
         (dict(head_dim=72, tile_n=120), "tile_n=120"),
         (dict(head_dim=264, tile_n=64), "head_dim=264"),
@@ -183,3 +183,15 @@ def test_fp8_only_forward_fields_are_refused_elsewhere(fields, message):
 
     with pytest.raises(ValueError, match=message):
         Sm90ForwardConfig(head_dim=128, tile_n=128, **fields)
+
+
+def test_each_kernels_named_barriers_differ_and_fit_the_hardware():
+    # The forward at its most (four consumer warpgroups, each storing its own O) and the
+    # backward (two warpgroups, dQ handed to its store warp, staggered or meeting on dSᵀ):
+    # within each kernel no id twice, none 0 (__syncthreads') or past the hardware's.
+    from flash4.pipelines.named_barriers import HARDWARE_BARRIERS, NamedBarrier as B
+
+    forward = [B.EPILOGUE] + [B.WARPGROUP_TURN_0 + w for w in range(4)] + [B.EPILOGUE_WARPGROUP_0 + w for w in range(4)]
+    backward = [B.EPILOGUE, B.DS_TILE] + [first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)]
+    for ids in (forward, backward):
+        assert len(set(ids)) == len(ids) and 0 < min(ids) and max(ids) < HARDWARE_BARRIERS

@@ -47,11 +47,13 @@ def _rms(x: torch.Tensor) -> float:
 
 def _check(q8, k8, v8, causal, out, lse, config=None):
     """``lse``: None for the kernel variant compiled without one; ``config``: the kernel's,
-    if not the selected row's (its row sums and P's codes decide the model)."""
+    if not the selected row's (its tiles, row sums and P's codes decide the model)."""
     qd, kd, vd = (t.dequantize().double() for t in (q8, k8, v8))
     exact, lse_exact = reference.attention(qd, kd, vd, causal=causal, compute_dtype=torch.float64)
     head_dim, seqlen_q = qd.shape[-1], qd.shape[1]
     blocks = fp8_blocks(head_dim, causal, seqlen_q)
+    if config is not None:
+        blocks = blocks._replace(q=config.tile_m, kv=config.tile_n)
     if config is None:
         config = dispatch.select_fp8(
             "sm_90a", head_dim, causal, seqlen_q, v8.block is None, group=qd.shape[2] // kd.shape[2]
@@ -459,6 +461,36 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, with_lse, seqlen):
     out, lse = _run_variant(q8, k8, v8, True, with_lse, dynamic_tiles=True)
     assert not want.isnan().any() and torch.equal(out, want)
     assert lse is None or torch.equal(lse, want_lse)
+
+
+# Four consumer warpgroups at head dim 64: (causal, tile_n, scores in f16, with an LSE),
+# the blocks that fit their registers (tests/test_compile_sm90.py).
+FOUR_WARPGROUP_CASES = [(False, 64, False, True), (False, 64, True, False), (True, 64, False, True),
+                        (True, 64, True, False), (True, 128, True, False)]
+
+
+@pytest.mark.parametrize("causal,tile_n,f16_scores,with_lse", FOUR_WARPGROUP_CASES,
+                         ids=[f"{'causal' if c else 'full'}-{n}-{'f16' if f else 'fp32-lse'}" for c, n, f, _ in FOUR_WARPGROUP_CASES])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+def test_candidate_four_warpgroups_match_their_model(causal, tile_n, f16_scores, with_lse, seqlen_q, seqlen_k):
+    # Head dim 64 on four consumer warpgroups (256-row tiles: half the tiles of 128 rows,
+    # each with its fixed cost): the four-way turn and four O slabs, on one-block tiles,
+    # ragged tails, rows that see no key, and several tiles a CTA (4096; causal: the
+    # dynamic order); Q in 256-row blocks and K in the variant's, V per tensor; f16
+    # scores on codes within their limits, as flash_attn_fp8 quantizes them.
+    changes = dict(consumer_warpgroups=4, tile_n=tile_n, scores_in_f16=f16_scores)
+    config = _variant_config(64, causal, seqlen_q, **changes)
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q * 13 + seqlen_k + tile_n + causal + 2 * f16_scores)
+    q, k, v = (
+        torch.randn(2, s, h, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        for s, h in ((seqlen_q, 8), (seqlen_k, 2), (seqlen_k, 2))
+    )
+    blocks = fp8_blocks(64, causal, seqlen_q)
+    q_max, k_max = (blocks.q_max, blocks.k_max) if f16_scores else (448.0, 448.0)
+    q8, k8 = flash4.quantize_fp8(q, config.tile_m, fp8_max=q_max), flash4.quantize_fp8(k, tile_n, fp8_max=k_max)
+    v8 = flash4.quantize_fp8(v, None)
+    out, lse = _run_variant(q8, k8, v8, causal, with_lse, **changes)
+    _check(q8, k8, v8, causal, out, lse, config)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
