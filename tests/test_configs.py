@@ -195,3 +195,18 @@ def test_each_kernels_named_barriers_differ_and_fit_the_hardware():
     backward = [B.EPILOGUE, B.DS_TILE] + [first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)]
     for ids in (forward, backward):
         assert len(set(ids)) == len(ids) and 0 < min(ids) and max(ids) < HARDWARE_BARRIERS
+
+
+def test_register_budgets_fit_the_pool_the_cta_launches_with():
+    # setmaxnreg moves registers within the CTA's pool, what its threads got at launch; an
+    # .inc past it waits forever. 640 threads launch with 96 each (61440 in all, not the
+    # SM's 65536): four consumer warpgroups get 112, not 120.
+    from flash4.pipelines.warp_roles import RegisterBudget, launch_registers, register_budget
+
+    assert [launch_registers(t) for t in (384, 512, 640)] == [168, 128, 96]
+    for warpgroups in (2, 3, 4):
+        budget = register_budget(warpgroups)
+        pool = budget.threads * launch_registers(budget.threads)
+        assert 128 * (budget.producer + warpgroups * budget.consumer) <= pool
+    with pytest.raises(ValueError, match="pool at launch holds 61440"):
+        RegisterBudget(producer=24, consumer=120, consumer_warpgroups=4)
