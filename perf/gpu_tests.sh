@@ -31,12 +31,14 @@ segments=(
   "bwdvariants|300|tests/test_bwd_gpu.py -k variants"
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
-  "fp8|330|tests/test_fp8_gpu.py -k not quantiz and not v_layout and not int8 and not no_bit and not per_tensor_v"
-  "fp8variants|300|tests/test_fp8_gpu.py -k (no_bit or per_tensor_v) and not quantiz and not v_layout and not int8"
+  "fp8|330|tests/test_fp8_gpu.py -k not quantiz and not v_layout and not int8 and not no_bit and not per_tensor_v and not four_warpgroups"
+  "fp8variants|300|tests/test_fp8_gpu.py -k (no_bit or per_tensor_v) and not quantiz and not v_layout and not int8 and not l2_prefetch"
   "fp8quantize|300|tests/test_fp8_gpu.py -k (quantiz or v_layout) and not int8"
   "fp8int8|420|tests/test_fp8_gpu.py -k int8 -s"
   "bwdparts|120|tests/test_bwd_gpu.py tests/test_bwd_preprocess.py -k preprocess or postprocess"
-  "fwdcandidates|420|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate and not int8"
+  "fwdcandidates|200|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k candidate and not int8 and not l2_prefetch and not four_warpgroups"
+  "l2prefetch|420|tests/test_fwd_gpu.py tests/test_fp8_gpu.py -k l2_prefetch"
+  "fourwarpgroups|300|tests/test_fp8_gpu.py -k four_warpgroups"
   "bwdcandidates|300|tests/test_bwd_gpu.py -k candidate"
 )
 
