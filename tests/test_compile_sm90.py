@@ -10,7 +10,7 @@ import pytest
 from flash4.compiler import KEY_INSTRUCTIONS, compile_entry
 from flash4.dispatch import FP8_HEAD_CLUSTER_MIN_SEQLEN, HEAD_CLUSTER_MIN_SEQLEN, TABLE, select, select_fp8
 from flash4.pipelines.named_barriers import NamedBarrier
-from flash4.pipelines.warp_roles import register_budget
+from flash4.pipelines.warp_roles import launch_registers, register_budget
 
 SM90_ROWS = [row for row in TABLE if row.arch == "sm_90a"]
 
@@ -28,6 +28,8 @@ def test_kernel_compiles_with_hopper_instructions(entry):
     budget = register_budget(entry.config.consumer_warpgroups)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{budget.producer}\b", report.ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{budget.consumer}\b", report.ptx)
+    # The CTA launches with the pool the budget splits (setmaxnreg only moves registers in it).
+    assert report.registers == launch_registers(budget.threads)
     # O leaves through shared memory: stmatrix from the accumulators, then a TMA store.
     assert "stmatrix" in report.ptx, "the epilogue should write O to shared memory with stmatrix"
     # ptxas reported on the kernel, and the GEMMs run pipelined without spills: a serialised
@@ -114,6 +116,8 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     staggered = int(config.staggered_warpgroups)
     assert ptx.count("wgmma.mma_async") == (2 * per_block + staggered * dq_gemm) * walks
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
+    # The CTA launches with the pool the register budget splits.
+    assert report.registers == launch_registers(register_budget(config.consumer_warpgroups).threads)
     # LSE and D arrive by TMA with Q and dO (one 3-D load each in the producer's loop).
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cta.global") == 2 * walks
     # dQ leaves by linear bulk reduction, each warpgroup's part (half of the columns, or
@@ -338,6 +342,7 @@ def test_four_warpgroups_at_head_dim_64_compile_clean(causal, tile_n, f16_scores
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     budget = register_budget(4)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{budget.consumer}\b", report.ptx)
+    assert report.registers == launch_registers(budget.threads)
     met_by = set(re.findall(r"bar\.sync\s+%r\d+,\s*(\d+)", report.ptx))
     assert {"256", "128"} <= met_by, sorted(met_by)
 
