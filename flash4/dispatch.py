@@ -183,13 +183,16 @@ _DIVIDER = dict(fast_tile_divmod=False)
 _D128_Q_IN_REGISTERS = dict(tile_n=128, **_Q_IN_REGISTERS, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)
 # (head dim, causal) -> (min_seqlen_q, the row's choices) per row.
 _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
-    (64, False): ((1, dict(tile_n=128, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),),
+    (64, False): (
+        (1, dict(tile_n=256, kv_stages=3, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
+        (8192, dict(tile_n=128, consumer_warpgroups=3, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP)),
+    ),
     (64, True): (
-        (1, dict(tile_n=128, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
+        (1, dict(tile_n=128, kv_stages=6, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
         (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
     ),
-    (128, False): ((1, _D128_Q_IN_REGISTERS),),
-    (128, True): ((1, _D128_Q_IN_REGISTERS), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
+    (128, False): ((1, dict(kv_stages=4, **_D128_Q_IN_REGISTERS)), (2048, _D128_Q_IN_REGISTERS)),
+    (128, True): ((1, dict(kv_stages=4, **_D128_Q_IN_REGISTERS)), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
 }

@@ -356,8 +356,8 @@ ELECTED_INSTRUCTION_LINES = 16
 @pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_l2_prefetch_asks_for_the_next_tiles_q_k_and_v_from_one_lane(dtype, causal):
-    # l2_prefetch_blocks: one TMA prefetch of the next tile's Q, and one of K and one of V
-    # in a loop over its first key blocks, each under an elect (a prefetch runs once per
+    # l2_prefetch_blocks: TMA prefetches of the next tile's Q, and of K and V in a loop over
+    # its first key blocks, all under an elect (a prefetch runs once per
     # lane that reaches it); the rows without it prefetch nothing. No spills, no
     # serialised wgmma.
     import dataclasses
@@ -369,7 +369,7 @@ def test_l2_prefetch_asks_for_the_next_tiles_q_k_and_v_from_one_lane(dtype, caus
     report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a")
     assert report.spill_bytes == 0 and report.serialized_wgmma == 0
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.\w+\.L2", report.ptx)
-    assert len(prefetches) == 3
+    assert len(prefetches) >= 3  # Q's, then K's and V's in a loop (which the compiler may peel)
     # The first prefetch (Q's) a few lines after its elect and the branch of the other lanes.
     first = report.ptx.index("cp.async.bulk.prefetch.tensor")
     assert report.ptx[report.ptx.rindex("elect.sync", 0, first):first].count("\n") <= ELECTED_INSTRUCTION_LINES

@@ -128,10 +128,10 @@ def test_fp8_checks_name_the_argument():
     q, k, v = _quantized()
     with pytest.raises(TypeError, match=r"^q must be a flash4.Fp8Tensor"):
         check_fp8_args(q.values, k, v, None, False)
-    with pytest.raises(ValueError, match=r"^k.block is 64: at head_dim=64, causal=False, seqlen_q=10 the FP8 kernel reads one descale per 128 rows .*block=128"):
+    with pytest.raises(ValueError, match=r"^k.block is 64: at head_dim=64, causal=False, seqlen_q=10 the FP8 kernel reads one descale per 256 rows .*block=256"):
         check_fp8_args(q, quantize_fp8(torch.randn(1, 12, 2, 64), 64), v, None, False)
-    with pytest.raises(ValueError, match=r"^q.block is 128: at head_dim=64, .*block=192"):
-        check_fp8_args(quantize_fp8(torch.randn(1, 10, 4, 64), 128), k, v, None, False)
+    with pytest.raises(ValueError, match=r"^q.block is 64: at head_dim=64, .*block=128"):
+        check_fp8_args(quantize_fp8(torch.randn(1, 10, 4, 64), 64), k, v, None, False)
     with pytest.raises(TypeError, match=r"^v must be a flash4.Fp8Tensor .* or flash4.Fp8TransposedV"):
         check_fp8_args(q, k, v.values, None, False)
     vt = transpose_fp8_v(v)
@@ -452,7 +452,8 @@ def test_int8_qk_checks_name_the_argument():
     from flash4.quantize import quantize_int8
 
     q, k, v = _quantized()
-    q_int8, k_int8 = quantize_int8(torch.randn(1, 10, 4, 64), 192), quantize_int8(torch.randn(1, 12, 2, 64), 128)
+    blocks = fp8_blocks(64, False, 10)
+    q_int8, k_int8 = quantize_int8(torch.randn(1, 10, 4, 64), blocks.q), quantize_int8(torch.randn(1, 12, 2, 64), blocks.kv)
     with pytest.raises(ValueError, match=r"^q.values is torch.int8 but k.values is torch.float8_e4m3fn: .*both int8"):
         check_fp8_args(q_int8._replace(hadamard=False), k, v, None, False)
     with pytest.raises(ValueError, match=r"^v.values must be a 4-D torch.float8_e4m3fn tensor"):
