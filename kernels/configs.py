@@ -207,12 +207,6 @@ class Sm90ForwardConfig:
     # Causal rows that have seen no key rebase before their exponentials. The rows of
     # every head dim take it but 256 causal (+2-10%; perf/h200-findings.md).
     lazy_check_by_sums: bool = False
-    # Persistent, tiles in a static order: before a tile's loads the producer asks L2 for
-    # the next tile's Q and its first this-many key blocks (TMA prefetches, in load order;
-    # 0: none). At 512 keys the protocol's tiles stream Q, K, V and O at about the DRAM's
-    # rate while the rings' few stages bound the bytes a CTA has in flight; a prefetch
-    # needs no stage, so the next tile's bytes leave DRAM while this one computes.
-    l2_prefetch_blocks: int = 0
 
     @property
     def tile_m(self) -> int:
@@ -310,13 +304,6 @@ class Sm90ForwardConfig:
             raise ValueError(
                 "dynamic_tiles=True: only causal (unmasked tiles are all as long) and persistent, without "
                 "kv_multicast (its grids share out whole clusters' blocks)"
-            )
-        if self.l2_prefetch_blocks < 0 or (
-            self.l2_prefetch_blocks and not (self.persistent and not self.dynamic_tiles and not self.kv_multicast)
-        ):
-            raise ValueError(
-                f"l2_prefetch_blocks={self.l2_prefetch_blocks}: at least 0; above 0 only persistent, without "
-                "dynamic_tiles (the next tile is known only once handed out) or kv_multicast"
             )
         slices = self.masked_column_slices
         if slices not in MASKED_COLUMN_SLICE_COUNTS:

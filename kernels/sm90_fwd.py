@@ -7,9 +7,7 @@ and Q while the consumers still finish the current one.
 
 Warp roles
   warpgroup 0, warp 0   producer: per tile, TMA loads of Q, then K and V blocks into rings,
-                        from the last key block to the first (l2_prefetch_blocks: first
-                        asks L2 for the next tile's Q and first blocks). Gives registers
-                        away.
+                        from the last key block to the first. Gives registers away.
   warpgroups 1..W       consumers, 64 query rows each: S = Q K^T (wgmma, both operands in
                         shared memory, or Q in registers: q_in_registers), masking, online
                         softmax, O += P V (wgmma, P from registers), then the epilogue.
@@ -490,8 +488,6 @@ class Sm90ForwardKernel:
         position = scheduler.first()
         while position < scheduler.end():
             if scheduler.valid(position):
-                if cutlass.const_expr(self.config.l2_prefetch_blocks):
-                    self.prefetch_tile(loads, rings, scheduler, scheduler.next(position))
                 q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
             position = scheduler.next(position)
 
@@ -511,27 +507,6 @@ class Sm90ForwardKernel:
             q_state, kv_state = self.load_tile(loads, rings, scheduler, position, q_state, kv_state)
             position = tile_queue.next_ticket(counter.iterator) + scheduler.walkers()
         queue.push(tile_state, scheduler.end())
-
-    @cute.jit
-    def prefetch_tile(self, loads: Loads, rings: Rings, scheduler: TileScheduler, position: Int32):
-        """Into L2, ahead of the rings: the Q of the tile at ``position`` and its first
-        ``l2_prefetch_blocks`` key blocks of K and V, in the order ``load`` issues them.
-        Nothing past the last tile."""
-        if scheduler.valid(position):
-            tile = self.make_tile(scheduler, position, loads.mQ.shape[0], loads.mK.shape[0])
-            kv_head = self.kv_head(loads, tile)
-            q_tile, kv_tile = (self.tile_m, self.head_dim), (self.tile_n, self.head_dim)
-            _, tQgQ = tma_tile(loads.atom_q, rings.sQ[None, None, 0], loads.mQ[None, None, tile.head, tile.batch],
-                               q_tile, tile.m_block)
-            _, tKgK = tma_tile(loads.atom_k, rings.sK, loads.mK[None, None, kv_head, tile.batch], kv_tile, None)
-            _, tVgV = self.v_tiles(loads.atom_v, rings.sV, loads.mV[None, None, kv_head, tile.batch])
-            first = tile.n_block_max - 1
-            # One lane asks: a prefetch, unlike a TMA copy, is issued by every lane that runs it.
-            with cute.arch.elect_one():
-                cute.prefetch(loads.atom_q, tQgQ)
-                for i in cutlass.range(cutlass.min(tile.n_block_max, self.config.l2_prefetch_blocks), unroll=1):
-                    cute.prefetch(loads.atom_k, tKgK[None, first - i])
-                    cute.prefetch(loads.atom_v, tVgV[None, first - i])
 
     def kv_head(self, loads: Loads, tile: Tile) -> Int32:
         """The K/V head of the tile's query head (grouped-query attention: a run of them)."""

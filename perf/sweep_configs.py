@@ -47,9 +47,7 @@ from flash4.forward import LOG2_E
 # shape is left out there. Add a candidate here with its GPU test, run the sweep, keep the
 # winner as the row and delete the rest. What was swept, taken or not, with its numbers:
 # perf/h200-findings.md, "The candidates" (the forward's).
-CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    h: [dict(), dict(l2_prefetch_blocks=2), dict(l2_prefetch_blocks=4)] for h in (64, 128, 256)
-}
+CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 256)}
 # The backward's candidates: the selector's configuration ({}) and changes to it, as above
 # (what was swept: perf/h200-findings.md, "The candidates", the backward's).
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
@@ -68,11 +66,7 @@ GROUPED_BACKWARD_CANDIDATES: list[dict[str, Any]] = [
 # flash4's FP8 call (the selector's tiles) and cuDNN's FP8 attention (what was swept:
 # perf/h200-findings.md). The table's rows score in fp32 and flash_attn_fp8 runs them with
 # f16 scores (select_fp8), so the candidates stand beside that.
-FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {
-    h: [dict(), dict(scores_in_f16=True), dict(scores_in_f16=True, l2_prefetch_blocks=2),
-        dict(scores_in_f16=True, l2_prefetch_blocks=4)]
-    for h in (64, 128, 256)
-}
+FP8_CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict(), dict(scores_in_f16=True)] for h in (64, 128, 256)}
 PEERS = ("sdpa-cudnn", "fa4")
 FP8_PEERS = (bench.FLASH4, "cudnn-fp8")
 

@@ -347,35 +347,6 @@ def test_four_warpgroups_at_head_dim_64_compile_clean(causal, tile_n, f16_scores
     assert {"256", "128"} <= met_by, sorted(met_by)
 
 
-# An elected instruction follows its elect.sync by the predicate's negation, the branch of
-# the other lanes and the operands' moves, with whatever of its coordinates' arithmetic
-# ptxas sinks into the branch; unelected, the nearest elect is a load's, a hundred lines up.
-ELECTED_INSTRUCTION_LINES = 16
-
-
-@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_l2_prefetch_asks_for_the_next_tiles_q_k_and_v_from_one_lane(dtype, causal):
-    # l2_prefetch_blocks: TMA prefetches of the next tile's Q, and of K and V in a loop over
-    # its first key blocks, all under an elect (a prefetch runs once per
-    # lane that reaches it); the rows without it prefetch nothing. No spills, no
-    # serialised wgmma.
-    import dataclasses
-
-    from flash4.compiler import compile_entry
-
-    entry = select("sm_90a", dtype, 64, causal, 512)
-    config = dataclasses.replace(entry.config, persistent=True, dynamic_tiles=False, l2_prefetch_blocks=2)
-    report = compile_entry(dataclasses.replace(entry, config=config), arch="sm_90a")
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0
-    prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.\w+\.L2", report.ptx)
-    assert len(prefetches) >= 3  # Q's, then K's and V's in a loop (which the compiler may peel)
-    # The first prefetch (Q's) a few lines after its elect and the branch of the other lanes.
-    first = report.ptx.index("cp.async.bulk.prefetch.tensor")
-    assert report.ptx[report.ptx.rindex("elect.sync", 0, first):first].count("\n") <= ELECTED_INSTRUCTION_LINES
-    assert "cp.async.bulk.prefetch" not in compile_entry(entry, arch="sm_90a").ptx
-
-
 def test_fp8_blockwise_v_kernel_keeps_the_divisions_the_table_drops():
     # The table's FP8 rows take V per tensor: no IEEE division is left (the blockwise-V
     # kernel, select_fp8's other answer, divides by the running V descale in every block)

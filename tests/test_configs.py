@@ -63,13 +63,6 @@ def test_persistent_o_gets_its_own_buffer_only_where_it_fits():
         (dict(head_dim=128, tile_n=128, causal=True, dynamic_tiles=True), "dynamic_tiles=True: .*persistent"),
         (dict(head_dim=128, tile_n=128, causal=True, persistent=True, kv_multicast=True, dynamic_tiles=True),
          "dynamic_tiles=True: .*kv_multicast"),
-        # The L2 prefetch names the next tile of a static persistent order.
-        (dict(head_dim=128, tile_n=128, persistent=True, l2_prefetch_blocks=-1), "l2_prefetch_blocks=-1"),
-        (dict(head_dim=128, tile_n=128, l2_prefetch_blocks=2), "l2_prefetch_blocks=2: .*persistent"),
-        (dict(head_dim=128, tile_n=128, causal=True, persistent=True, dynamic_tiles=True, l2_prefetch_blocks=2),
-         "l2_prefetch_blocks=2: .*dynamic_tiles"),
-        (dict(head_dim=128, tile_n=128, persistent=True, kv_multicast=True, l2_prefetch_blocks=2),
-         "l2_prefetch_blocks=2: .*kv_multicast"),
     ],
 )
 def test_invalid_configs_name_the_field(fields, message):

@@ -413,20 +413,6 @@ def test_candidate_dynamic_tiles_changes_no_bit(head_dim, warpgroups, seqlen_q, 
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((17, 17), (1000, 1000), (1100, 700), (17, 1000), (1000, 17), (3000, 3000)))
-def test_candidate_l2_prefetch_changes_no_bit(head_dim, causal, seqlen_q, seqlen_k):
-    # The producer asking L2 for the next tile's Q, K and V (l2_prefetch_blocks) moves no
-    # byte into shared memory: the same bits, on persistent grids in their static order
-    # (no clusters, no dynamic tiles), where each CTA takes several tiles, some of which
-    # see no key (1000 queries on 17, causal) and the last of which has no next.
-    seed = hash(("l2-prefetch", head_dim, causal, seqlen_q, seqlen_k)) % 2**31
-    q, k, v = _inputs(4, seqlen_q, seqlen_k, 8, 2, head_dim, torch.bfloat16, seed)
-    static = dict(persistent=True, dynamic_tiles=False, kv_multicast=False, cluster_heads=False)
-    _check_same_bits(q, k, v, causal, static, dict(l2_prefetch_blocks=2, **static))
-
-
 @pytest.mark.parametrize("head_dim,warpgroups", ((64, 2), (64, 3), (128, 2)), ids=("64", "64-3wg", "128"))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize(
