@@ -164,11 +164,15 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # row a problem selects. Every row: a persistent grid, V per tensor (a blockwise V gets
 # the row's kernel built for it, select_fp8), O's rescale skipped by a warp vote; compiled
 # without an LSE, row sums on the tensor cores and P's e4m3 codes rounded from the scores,
-# with no exponential. Head dim 64: three warpgroups on 192-row tiles unmasked (two Q
-# slots, O stored per warpgroup), and causal from 4k (with tiles taken at run time);
-# causal, Q in registers, and 128-row tiles below 4k. Head dim 128: two warpgroups on
-# 128-key blocks with Q in registers. Head dim 256: 128-key blocks, no ping-pong, P
-# converted before O's rescale.
+# with no exponential. Short rows stream their bytes through deeper K/V rings (at 512
+# keys the kernel moves Q, K, V and O near DRAM's rate; perf/short_row_ceiling.py). Head
+# dim 64 unmasked: two warpgroups on 256-key blocks, three K/V stages, below 8k; from 8k
+# three warpgroups on 192-row tiles; both with two Q slots and O stored per warpgroup.
+# Head dim 64 causal: Q in registers, below 4k on 128-row tiles with six K/V stages and
+# two Q slots, from 4k on three warpgroups with tiles taken at run time. Head dim 128: two
+# warpgroups on 128-key blocks with Q in registers, four K/V stages below 2k unmasked and
+# below 4k causal. Head dim 256: 128-key blocks, no ping-pong, P converted before O's
+# rescale.
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
