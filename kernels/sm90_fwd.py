@@ -508,10 +508,6 @@ class Sm90ForwardKernel:
             position = tile_queue.next_ticket(counter.iterator) + scheduler.walkers()
         queue.push(tile_state, scheduler.end())
 
-    def kv_head(self, loads: Loads, tile: Tile) -> Int32:
-        """The K/V head of the tile's query head (grouped-query attention: a run of them)."""
-        return tile.head // (loads.mQ.shape[2] // loads.mK.shape[2])
-
     @cute.jit
     def load_tile(self, loads: Loads, rings: Rings, scheduler: TileScheduler, position: Int32, q_state, kv_state):
         """The loads of the tile at ``position``; returns the rings' next states."""
@@ -667,7 +663,7 @@ class Sm90ForwardKernel:
         """One tile's Q, K and V loads; returns the rings' states for the next tile."""
         mQ, mK, mV = loads.mQ, loads.mK, loads.mV
         tma_atom_K, tma_atom_V = loads.atom_k, loads.atom_v
-        kv_head = self.kv_head(loads, tile)
+        kv_head = tile.head // (mQ.shape[2] // mK.shape[2])
         kv_tile = (self.tile_n, self.head_dim)
         ctas = self.config.cluster_ctas
         rank = 0
