@@ -169,10 +169,11 @@ def _sm90_rows() -> Iterable[KernelEntry]:
 # dim 64 unmasked: two warpgroups on 256-key blocks, three K/V stages, below 8k; from 8k
 # three warpgroups on 192-row tiles; both with two Q slots and O stored per warpgroup.
 # Head dim 64 causal: Q in registers, below 4k on 128-row tiles with six K/V stages and
-# two Q slots, from 4k on three warpgroups with tiles taken at run time. Head dim 128: two
-# warpgroups on 128-key blocks with Q in registers, four K/V stages below 2k unmasked and
-# below 4k causal. Head dim 256: 128-key blocks, no ping-pong, P converted before O's
-# rescale.
+# two Q slots, from 4k on three warpgroups with tiles taken at run time, three K/V stages
+# and O stored per warpgroup. Head dim 128: two warpgroups on 128-key blocks with Q in
+# registers, four K/V stages below 2k unmasked and below 4k causal; causal below 1k with
+# two Q slots (the next tile's Q lands while a short causal tile runs; at 1k they cost
+# 3%). Head dim 256: 128-key blocks, no ping-pong, P converted before O's rescale.
 _SM90_FP8_BASE = dict(fp8=True, fp8_v_per_tensor=True, rescale_when_needed=True, persistent=True)
 _DYNAMIC_TILES = dict(dynamic_tiles=True)
 # Row sums on the tensor cores, and with them (they sum the same P) P's codes by rounding.
@@ -193,10 +194,15 @@ _SM90_FP8_ROWS: dict[tuple[int, bool], tuple[tuple[int, dict], ...]] = {
     ),
     (64, True): (
         (1, dict(tile_n=128, kv_stages=6, q_stages=2, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP, **_Q_IN_REGISTERS)),
-        (4096, dict(tile_n=128, consumer_warpgroups=3, **_SUMS_ON_TENSOR_CORES, **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
+        (4096, dict(tile_n=128, consumer_warpgroups=3, kv_stages=3, **_SUMS_ON_TENSOR_CORES, **_O_PER_WARPGROUP,
+                    **_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
     ),
     (128, False): ((1, dict(kv_stages=4, **_D128_Q_IN_REGISTERS)), (2048, _D128_Q_IN_REGISTERS)),
-    (128, True): ((1, dict(kv_stages=4, **_D128_Q_IN_REGISTERS)), (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES))),
+    (128, True): (
+        (1, dict(kv_stages=4, q_stages=2, **_D128_Q_IN_REGISTERS)),
+        (1024, dict(kv_stages=4, **_D128_Q_IN_REGISTERS)),
+        (4096, dict(**_D128_Q_IN_REGISTERS, **_DYNAMIC_TILES)),
+    ),
     (256, False): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES)),),
     (256, True): ((1, dict(tile_n=128, pingpong=False, p_before_rescale=True, **_SUMS_ON_TENSOR_CORES, **_DIVIDER)),),
 }
