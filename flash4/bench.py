@@ -250,7 +250,7 @@ def make_timer(quick: bool) -> Timer:
         calls = EVENT_TIMED_CALLS // 5 if quick else EVENT_TIMED_CALLS
         return Timer(
             f"triton is not importable ({exc}); FALLBACK: median of CUDA events over {calls} calls, L2 flushed",
-            lambda fn: _event_median_ms(fn, calls),
+            lambda fn: event_median_ms(fn, calls),
         )
     def spread(fn: Callable[[], Any]) -> tuple[float, float, float]:
         low, median, high = do_bench(fn, warmup=warmup, rep=rep, quantiles=list(SPREAD_QUANTILES))
@@ -264,13 +264,17 @@ def make_timer(quick: bool) -> Timer:
     )
 
 
-def _event_median_ms(fn: Callable[[], Any], calls: int) -> float:
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+def event_median_ms(fn: Callable[[], Any], calls: int, flush: Callable[[], Any] | None = None) -> float:
+    """The median of ``calls`` timings of ``fn`` by CUDA events, each after ``flush`` (by
+    default do_bench's: an L2_FLUSH_BYTES buffer zeroed; perf/l2_flush_probe.py passes
+    others), following EVENT_WARMUP_CALLS untimed ones."""
+    if flush is None:
+        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda").zero_
     for _ in range(EVENT_WARMUP_CALLS):
         fn()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     for start, end in pairs:
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()

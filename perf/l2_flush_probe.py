@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,14 +36,12 @@ import torch
 from flash4 import bench
 
 MODES = ("zero", "read", "none", "do_bench")
-# The flush buffer: do_bench's size, several times any Hopper L2.
-FLUSH_BYTES = 256 * 1024 * 1024
-# Timed calls per mode and round, after as many untimed ones.
+# Timed calls per mode and round (after bench.EVENT_WARMUP_CALLS untimed ones).
 CALLS = 50
 
 
 def flushes() -> dict[str, Callable[[], Any]]:
-    buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    buffer = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     total = torch.empty((), dtype=torch.int64, device="cuda")
     return {
         "zero": buffer.zero_,
@@ -59,17 +56,7 @@ def median_ms(call: Callable[[], Any], mode: str, flush: dict[str, Callable[[], 
         import triton.testing
 
         return float(triton.testing.do_bench(call, return_mode="median"))
-    for _ in range(CALLS):
-        flush[mode]()
-        call()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(CALLS)]
-    for start, end in events:
-        flush[mode]()
-        start.record()
-        call()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return bench.event_median_ms(call, CALLS, flush[mode])
 
 
 def main() -> None:
@@ -118,7 +105,7 @@ def main() -> None:
             print(f"{label}: {name} not timed ({error})")
         records.append({"shape": vars(shape), "flops": flops, "ms_rounds": rounds, "errors": errors})
         if args.out:
-            bench.write_probe_json(args.out, records, modes=MODES, calls=CALLS, flush_bytes=FLUSH_BYTES,
+            bench.write_probe_json(args.out, records, modes=MODES, calls=CALLS, flush_bytes=bench.L2_FLUSH_BYTES,
                                    l2_bytes=l2_bytes)
 
 
