@@ -6,8 +6,9 @@ call, so the call starts with the L2 full of that buffer's dirty lines (its size
 H100 and H200), and its own reads evict them: the write-backs cross DRAM inside the timed
 window. Against the FP8 forward's 168 MB at head dim 128 causal 512 (e4m3 Q, K, V in,
 bf16 O out) that is up to 30% more bytes, against the bf16 forward's 268 MB up to 19%,
-which would cap the ratio of the two near (268 + 50) / (168 + 50) = 1.46 where both
-stream at DRAM's rate, under the bytes' own 1.6 (perf/short_row_ceiling.py).
+pulling the ratio of the two below the bytes' own 1.6 (perf/short_row_ceiling.py). On an
+H100 the write-backs cost both kernels about 7 us a call there, 1.50x -> 1.56x with a
+clean L2 (perf/h200-findings.md, "The timer's flush").
 
 Each call is timed with CUDA events after one of:
 
