@@ -19,8 +19,9 @@ from flash4.kernels.configs import Sm90BackwardConfig
 # Per head dim: query rows per block, and for head dim 256 the head-dim split (its dK and
 # dV do not fit one warpgroup's registers; see Sm90BackwardConfig). 128 query rows where
 # the Sᵀ and dPᵀ accumulators of 64 keys x 128 queries fit beside dK and dV (head dim 64);
-# 64 at head dim 128. Head dim 256 holds one Q and one dO tile: with the fp32 dQ tile
-# (64 KiB) a second stage of either passes the 227 KiB of shared memory.
+# 64 at head dim 128 (80 unmasked, with dQ transposed: TRANSPOSED_DQ_TILE_M). Head dim 256
+# holds one Q and one dO tile: with the fp32 dQ tile (64 KiB) a second stage of either
+# passes the 227 KiB of shared memory.
 _CONFIGS: dict[int, dict] = {
     64: dict(tile_m=128, dq_rows=True),
     128: dict(tile_m=64),
@@ -72,6 +73,19 @@ STAGGERED_HEAD_DIMS: dict[tuple[bool, bool], tuple[int, ...]] = {
     (False, False): (64, 128), (False, True): (128,), (True, False): (64, 128), (True, True): (128,),
 }
 
+# Head dim 128, one kv head per query head, unmasked, not deterministic: 80-row query
+# blocks with dQ transposed (Sm90BackwardConfig.dq_transposed), flash-attn-4's tile there,
+# whose step moves 5% fewer shared-memory bytes per FLOP than 64 rows
+# (perf/bwd_smem_bound.py). H100, 2026-12-06, three rounds, fastest (sweep, --control,
+# perf/results/h100/2026-12-06-bwd-sweep-d128-transposed.json), 64 rows -> 80 (again),
+# in us: 1k 749 -> 720 (724), 2k 1300 -> 1238 (1253), 4k 2302 -> 2259 (2256), 8k 4468 ->
+# 4265 (4261), 16k 8732 -> 8217 (8242); flash-attn-4 757, 1298, 2361, 4439, 8996. The main
+# kernel alone, 16k: 8982 -> 8345 us; the postprocess, which stages the transposed blocks
+# through shared memory, 74 -> 88. Causal (two rounds, 2k / 16k: 759 -> 774, 4370 -> 4247)
+# was not taken: it trades the 2k loss for the 16k gain and spills 8 bytes; GQA/MQA and
+# deterministic kernels were not timed at 80 rows (their GPU tests pass there).
+TRANSPOSED_DQ_TILE_M = 80
+
 
 def wave_fill(ctas: int, sms: int) -> float:
     """The share of SMs a grid of ``ctas`` keeps busy over its waves (one CTA per SM: the
@@ -107,6 +121,8 @@ def backward_config(
         key_blocks = -(-seqlen_k // shape.get("tile_n", Sm90BackwardConfig.tile_n))
         ctas = (-(-key_blocks // 2) if causal else key_blocks) * kv_units
         group_in_cta = wave_fill(ctas, sms) >= KV_GROUP_IN_CTA_MIN_WAVE_FILL
+    if head_dim == 128 and not (causal or grouped or deterministic):
+        shape = dict(shape, tile_m=TRANSPOSED_DQ_TILE_M, dq_transposed=True)
     return Sm90BackwardConfig(
         head_dim=head_dim, causal=causal, kv_accumulate=grouped and not group_in_cta, kv_group_in_cta=group_in_cta,
         mirror_pairs=group_in_cta and causal, deterministic=deterministic,

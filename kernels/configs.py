@@ -348,24 +348,55 @@ def accumulator_tile_offset(row, col, rows: int):
     return linear ^ (((linear >> (base + shift)) & ((1 << bits) - 1)) << base)
 
 
+def accumulator_register_offset(row, col):
+    """Where (row, col) of a warpgroup's m64nN wgmma accumulator sits when every thread
+    stores its registers in order, four (16 bytes) at a time: register i of thread t at
+    (i // 4) * 512 + 4 t + i % 4. Lane l of warp w holds rows 16w + l // 4 and + 8 and the
+    column pairs 8j + 2 (l % 4); registers 4j .. 4j + 3 are (row, col), (row, col + 1),
+    (row + 8, col), (row + 8, col + 1). Python ints, Int32 or integer torch tensors."""
+    thread = 32 * (row // 16) + 4 * (row % 8) + (col % 8) // 2
+    return (col // 8) * (4 * THREADS_PER_WARPGROUP) + 4 * thread + 2 * ((row % 16) // 8) + col % 2
+
+
+def accumulator_register_coords(index):
+    """The (row, col) of a warpgroup's m64nN accumulator stored at ``index`` in register
+    order: ``accumulator_register_offset``'s inverse."""
+    group, thread, register = index // (4 * THREADS_PER_WARPGROUP), (index // 4) % THREADS_PER_WARPGROUP, index % 4
+    row = 16 * (thread // 32) + (thread % 32) // 4 + 8 * (register // 2)
+    return row, 8 * group + 2 * (thread % 4) + register % 2
+
+
 @dataclass(frozen=True)
 class DQTileGeometry:
     """How the backward's fp32 dQ accumulator holds a query block: ``tile_m`` rows of
     ``head_dim``, in parts of (``part_rows``, ``part_cols``), one per consumer warpgroup,
     stored one after another (row-major over the grid of parts), each part in
-    ``kernels.wgmma.accumulator_tile_layout``. The main kernel writes it, the postprocess
-    reads it."""
+    ``kernels.wgmma.accumulator_tile_layout``; or (``transposed``: the dQᵀ GEMM's
+    accumulator, its M the part's 64 columns and its N the block's rows) as the
+    warpgroup's threads hold it (``accumulator_register_offset``). The main kernel writes
+    it, the postprocess reads it."""
 
     head_dim: int
     tile_m: int
     part_rows: int
     part_cols: int
+    transposed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.transposed and (self.part_rows != self.tile_m or self.part_cols != ROWS_PER_CONSUMER_WARPGROUP):
+            raise ValueError(
+                f"transposed=True: a part is one warpgroup's dQᵀ accumulator, {ROWS_PER_CONSUMER_WARPGROUP} columns "
+                f"by the block's {self.tile_m} rows; got part_rows={self.part_rows}, part_cols={self.part_cols}"
+            )
 
     def offset(self, row, col):
         """Where dQ's (row, col) sits in a head's accumulator (ints, Int32 or tensors)."""
         block, row_in_block = row // self.tile_m, row % self.tile_m
         part = (row_in_block // self.part_rows) * (self.head_dim // self.part_cols) + col // self.part_cols
-        inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
+        if self.transposed:
+            inside = accumulator_register_offset(col % self.part_cols, row_in_block)
+        else:
+            inside = accumulator_tile_offset(row_in_block % self.part_rows, col % self.part_cols, self.part_rows)
         return block * (self.tile_m * self.head_dim) + part * (self.part_rows * self.part_cols) + inside
 
 
@@ -408,6 +439,16 @@ class Sm90BackwardConfig:
     # reading half of dS, not 64x32 ones reading all of it, whose A and B operands outrun
     # shared memory's 128 bytes per clock (H200 sweep: +0-5% over columns at head dim 64).
     dq_rows: bool = False
+    # Key split: the dQ GEMM transposed, dQᵀ = Kᵀ dSᵀ (M = head dim, 64 columns per
+    # warpgroup; N = the query block), so that tile_m need not be a multiple of 64:
+    # flash-attn-4's 80-row blocks at head dim 128, whose step reads 5% fewer shared-memory
+    # bytes per FLOP than 64 rows (perf/bwd_smem_bound.py). The warpgroup waits for its dV
+    # GEMM before issuing it (at 80 rows ptxas otherwise serialises every wgmma, C7512:
+    # dV's and dK's accumulators, Pᵀ, dSᵀ and dQᵀ's do not all fit), and stores dQᵀ in its
+    # registers' order, 16 bytes a thread (DQTileGeometry.transposed): into the accumulator
+    # tile each pair of a thread's values would be two queries, two rows, at two wavefronts
+    # a store.
+    dq_transposed: bool = False
     # The postprocess (dQ out of its fp32 accumulator) launched while this kernel runs
     # (programmatic dependent launch): each key block's CTA signals its head's counter once
     # its dQ has landed, and the postprocess of a head starts when all have, on the SMs
@@ -457,7 +498,7 @@ class Sm90BackwardConfig:
         wgs = self.consumer_warpgroups
         if self.dq_rows:
             return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m // wgs, self.head_dim)
-        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs)
+        return DQTileGeometry(self.head_dim, self.tile_m, self.tile_m, self.head_dim // wgs, self.dq_transposed)
 
     @property
     def row_stage_bytes(self) -> int:
@@ -499,7 +540,13 @@ class Sm90BackwardConfig:
                 f"dq_rows=True: each warpgroup takes 64 query rows, so tile_m={rows_per_split} "
                 f"(got {self.tile_m}) and no head_dim_split"
             )
-        if not (self.head_dim_split or self.dq_rows) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
+        if self.dq_transposed and (self.head_dim_split or self.dq_rows or self.head_dim != rows_per_split):
+            raise ValueError(
+                f"dq_transposed=True: the key split (no head_dim_split, no dq_rows), each warpgroup's "
+                f"{ROWS_PER_CONSUMER_WARPGROUP} head-dim columns its M, so head_dim={rows_per_split}; got "
+                f"head_dim={self.head_dim}, head_dim_split={self.head_dim_split}, dq_rows={self.dq_rows}"
+            )
+        if not (self.head_dim_split or self.dq_rows or self.dq_transposed) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
         if self.kv_group_in_cta and (self.kv_accumulate or self.deterministic):
             raise ValueError(

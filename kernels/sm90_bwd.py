@@ -29,6 +29,10 @@ warpgroup 0, each waiting for the other's rows of dSᵀ on a barrier of its own,
 warpgroup 0 computes each block's dQ a step late, so that one's exponentials and dS math
 run beside the other's GEMMs.
 
+Transposed (``dq_transposed``, head dim 128) each warpgroup computes dQᵀ = Kᵀ dSᵀ for its
+64 head-dim columns instead, N = the query block, so that blocks need not be 64 rows: the
+selector's 80 unmasked read 5% fewer shared-memory bytes per FLOP (perf/bwd_smem_bound.py).
+
 At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per thread, so
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
 queries of Sᵀ and dPᵀ and the head-dim columns of dV, dK and dQ, and Pᵀ joins dSᵀ in
@@ -72,9 +76,12 @@ from .configs import (
     Sm90BackwardConfig,
 )
 from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
+from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
-from .wgmma import accumulator_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm
+from .wgmma import (
+    accumulator_tile_layout, register_order_tile_layout, rows_first, smem_tile_layout, tma_tile, warpgroup_gemm,
+)
 
 
 @dataclass(frozen=True)
@@ -266,6 +273,10 @@ class Sm90BackwardKernel:
         dq_atoms, dq_tile = (1, wgs, 1), (rows, self.head_dim // wgs)
         if cutlass.const_expr(self.config.dq_rows):
             dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.head_dim)
+        if cutlass.const_expr(self.config.dq_transposed):
+            # dQᵀ: M = head_dim, 64 columns per warpgroup; N = queries; Kᵀ read as (head_dim,
+            # keys) and dS as (queries, keys): the same views in the other roles.
+            dq_atoms, dq_tile = (wgs, 1, 1), (rows, self.tile_m)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, major_mn, major_mn, Float32, dq_atoms, dq_tile
         )
@@ -274,9 +285,11 @@ class Sm90BackwardKernel:
         sdO_layout = smem_tile_layout(self.dtype, self.tile_m, self.head_dim, self.config.do_stages)
         sK_layout = smem_tile_layout(self.dtype, self.tile_n, self.head_dim)
         sdS_layout = smem_tile_layout(self.dtype, self.tile_n, self.tile_m, self.ds_stages)
-        # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows).
+        # dQ's fp32 tile, one part per warpgroup: its columns (or, dq_rows, its rows; or,
+        # dq_transposed, its columns as dQᵀ's accumulator holds them).
         dq = self.config.dq_tile_geometry
-        sdQ_layout = accumulator_tile_layout(dq.part_rows, dq.part_cols, wgs)
+        tile_layout = register_order_tile_layout if dq.transposed else accumulator_tile_layout
+        sdQ_layout = tile_layout(dq.part_rows, dq.part_cols, wgs)
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -649,7 +662,7 @@ class Sm90BackwardKernel:
                     self.wait_ds_written(1)
                     acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
                     stage = self.ds_stage(m_end - 1, ds_offset)
-                    warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, stage], ops.tdQrK, True)
+                    self.dq_gemm(ops, acc_dq, stage)
                     warpgroup.wait_group(0)
                     self.write_dq(ops, acc_dq, sdQ)
                     self.publish_dq(ops)
@@ -699,10 +712,12 @@ class Sm90BackwardKernel:
             tdPrdO=wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO)),
             tdVrdO=wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt)),
             tdKrQ=wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt)),
-            tdQrdS=wg_dq.make_fragment_A(wg_dq.partition_A(sdSt)),
-            tdQrK=wg_dq.make_fragment_B(wg_dq.partition_B(sKt)),
+            tdQrdS=(wg_dq.make_fragment_B(wg_dq.partition_B(sdSt)) if self.config.dq_transposed
+                    else wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))),
+            tdQrK=(wg_dq.make_fragment_A(wg_dq.partition_A(sKt)) if self.config.dq_transposed
+                   else wg_dq.make_fragment_B(wg_dq.partition_B(sKt))),
             st_shape=wg_sdp.partition_shape_C((tile_n, tile_m)),
-            dq_shape=wg_dq.partition_shape_C((tile_m, d)),
+            dq_shape=wg_dq.partition_shape_C((d, tile_m) if self.config.dq_transposed else (tile_m, d)),
             pt=wg_dkv.make_fragment_A(wg_dkv.partition_A(sP) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             dst=wg_dkv.make_fragment_A(wg_dkv.partition_A(sdS) if self.split else wg_dkv.partition_shape_A((tile_n, tile_m))),
             acc_dv=acc_dv,
@@ -713,8 +728,9 @@ class Sm90BackwardKernel:
             ).get_slice(tidx),
             sdS=sdS,
             sP=sP,
-            # Pairs of adjacent fp32 columns as one 8-byte store.
-            store_dq=cute.make_tiled_copy_C(
+            # Pairs of adjacent fp32 columns as one 8-byte store (transposed: none here, see
+            # write_registers_in_order).
+            store_dq=None if self.config.dq_transposed else cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
@@ -751,7 +767,7 @@ class Sm90BackwardKernel:
                 ops.tiled_mma_dkv, ops.acc_dv, ops.pt[None, None, None, ds_stage], ops.tdVrdO[None, None, None, do_state.index],
                 False,
             )
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, ds_stage], ops.tdQrK, True)
+            self.dq_gemm(ops, acc_dq, ds_stage)
             warpgroup.wait_group(2)
             rings.q.consumer_release(q_state)
             warpgroup.wait_group(1)
@@ -768,7 +784,10 @@ class Sm90BackwardKernel:
                 dq_stage = (ds_stage + self.ds_stages - 1 + ops.warpgroup_idx) % self.ds_stages
                 dq_due = (ops.warpgroup_idx != 0) | (not first)
             # dQ before dK, so that dQ's way out overlaps the dK GEMM.
-            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrdS[None, None, None, dq_stage], ops.tdQrK, True)
+            if cutlass.const_expr(self.config.dq_transposed):
+                # dV done: its accumulator's registers stay, Pᵀ's are free for dQᵀ's.
+                warpgroup.wait_group(0)
+            self.dq_gemm(ops, acc_dq, dq_stage)
             warpgroup_gemm(ops.tiled_mma_dkv, ops.acc_dk, ops.dst, ops.tdKrQ[None, None, None, q_state.index], False)
             # dQ done, and with it dV, the last reader of dO (groups complete in order).
             warpgroup.wait_group(1)
@@ -778,6 +797,15 @@ class Sm90BackwardKernel:
                 self.publish_dq(ops)
             warpgroup.wait_group(0)
             rings.q.consumer_release(q_state)
+
+    @cute.jit
+    def dq_gemm(self, ops: BackwardOperands, acc_dq: cute.Tensor, stage: Int32):
+        """dQ = dS K into ``acc_dq`` from dSᵀ buffer ``stage`` (dq_transposed: dQᵀ = Kᵀ dSᵀ)."""
+        ds = ops.tdQrdS[None, None, None, stage]
+        if cutlass.const_expr(self.config.dq_transposed):
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ops.tdQrK, ds, True)
+        else:
+            warpgroup_gemm(ops.tiled_mma_dq, acc_dq, ds, ops.tdQrK, True)
 
     @cute.jit
     def probabilities(
@@ -872,19 +900,38 @@ class Sm90BackwardKernel:
     @cute.jit
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):
         """This thread's dQ into its warpgroup's part (columns, or rows) of the shared-memory
-        tile, seen whole: (tile_m, head_dim)."""
+        tile, seen whole: (tile_m, head_dim); transposed, its registers in order."""
         # The TMA engine has read this part's previous dQ (the store warp's arrive).
         cute.arch.barrier(
             barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
         )
-        tile = cute.group_modes(sdQ, 1, 3)
-        if cutlass.const_expr(self.config.dq_rows):
-            # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
-            rows, parts = self.tile_m // self.config.consumer_warpgroups, self.config.consumer_warpgroups
-            tile = cute.composition(
-                sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
-            )
-        cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
+        if cutlass.const_expr(self.config.dq_transposed):
+            self.write_registers_in_order(acc_dq, sdQ[None, None, ops.warpgroup_idx])
+        else:
+            tile = cute.group_modes(sdQ, 1, 3)
+            if cutlass.const_expr(self.config.dq_rows):
+                # smem holds (rows of a part, head_dim, part); the view's row r is row r % 64 of part r // 64.
+                rows, parts = self.tile_m // self.config.consumer_warpgroups, self.config.consumer_warpgroups
+                tile = cute.composition(
+                    sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
+                )
+            cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
+
+    @cute.jit
+    def write_registers_in_order(self, acc: cute.Tensor, part: cute.Tensor):
+        """A warpgroup's accumulator into its ``part`` of the tile as its threads hold it:
+        register i of thread t at (i // 4) * 512 + 4 t + i % 4 (configs.accumulator_register_offset),
+        so a warp's 16-byte stores fill 512 contiguous bytes, the fewest wavefronts a store
+        takes. The copy is made here, from the thread's index read here: made once before
+        the loops (in BackwardOperands), its offsets held registers and at 80 rows ptxas
+        spilled 8 bytes."""
+        store = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
+            cute.make_layout(THREADS_PER_WARPGROUP),
+            cute.make_layout(FP32_PER_VECTOR),
+        ).get_slice(cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP)
+        slots = store.partition_D(cute.make_tensor(part.iterator, cute.make_layout(cute.size(part))))
+        cute.copy(store, cute.make_tensor(acc.iterator, cute.make_layout(slots.shape)), slots)
 
     @cute.jit
     def publish_dq(self, ops: BackwardOperands):

@@ -49,6 +49,16 @@ def accumulator_tile_layout(rows: int, cols: int, stages: int):
     return cute.make_composed_layout(cute.make_swizzle(bits, base + FP32_ADDRESS_BITS, shift), 0, outer)
 
 
+def register_order_tile_layout(rows: int, cols: int, stages: int):
+    """Staged shared-memory layout of an fp32 (rows, cols) tile that a warpgroup's
+    threads store their accumulator registers into in order, 16 bytes at a time
+    (``configs.accumulator_register_offset`` says which value lands where): a linear tile,
+    in ``accumulator_tile_layout``'s composed form (a swizzle of no bits) so that the
+    kernels take either."""
+    linear = cute.make_layout((rows, cols, stages), stride=(cols, 1, rows * cols))
+    return cute.make_composed_layout(cute.make_swizzle(0, 4, 3), 0, linear)
+
+
 def rows_first(t: cute.Tensor) -> cute.Tensor:
     """A (batch, seqlen, heads, head_dim) tensor viewed as (seqlen, head_dim, heads, batch),
     and a (batch, heads, seqlen) one as (seqlen, heads, batch): the tiled modes first, as

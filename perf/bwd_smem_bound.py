@@ -26,8 +26,9 @@ shape rather than read a fraction as an efficiency.
 
 flash-attn-4's rows (its ``_tile_size_bwd_sm90``) are modelled where its layout is
 flash4's key split (head dims 64 and 128): Sᵀ and dPᵀ with keys as rows, dV and dK from
-registers. At head dim 128 unmasked it takes 80-row query blocks with dQ transposed, which
-reads the same bytes per GEMM as dQ split by columns.
+registers. At head dim 128 unmasked both take 80-row query blocks with dQ transposed
+(flash4 since 2026-12-06, ``dq_transposed``), which reads the same bytes per GEMM as dQ
+split by columns; causal, both take 64 rows.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def main() -> None:
 
     print("| tile (head dim, queries x keys) | KiB a step | bytes / FLOP | tensor share |")
     print("|---|---|---|---|")
-    tiles = {"flash4 64": flash4_tile(64, False), "flash4 128": flash4_tile(128, False),
-             "flash4 256": flash4_tile(256, False), "fa4 128 unmasked": fa4_tile(128, False)}
+    tiles = {"flash4 64": flash4_tile(64, False), "flash4 128 causal": flash4_tile(128, True),
+             "flash4 128 unmasked": flash4_tile(128, False), "flash4 256": flash4_tile(256, False),
+             "fa4 128 unmasked": fa4_tile(128, False)}
     for name, tile in tiles.items():
         total = sum(tile.smem_bytes().values())
         print(f"| {name} ({tile.tile_m} x {tile.tile_n}) | {total / 1024:.0f} | "

@@ -53,6 +53,10 @@ CANDIDATES: dict[int, list[dict[str, Any]]] = {h: [dict()] for h in (64, 128, 25
 BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
     hdim: [dict(), dict(dq_first_stores=True), dict(dq_first_stores=False)] for hdim in (64, 128, 256)
 }
+# Head dim 128: the other query tile, 64 rows where the selector takes 80 (unmasked), 80 with
+# dQ transposed where it takes 64 (causal: 2k 759 -> 774 us, 16k 4370 -> 4247 on the H100,
+# two rounds; not taken, and it spills 8 bytes there).
+BACKWARD_CANDIDATES[128] += [dict(dq_transposed=False, tile_m=64), dict(dq_transposed=True, tile_m=80)]
 # With --group G > 1 (GQA/MQA) these join them: the ways to write a group's dK and dV
 # (shared fp32 accumulators, a CTA per kv head, and that CTA in mirrored pairs of key
 # blocks; flash4/backward.py picks among them, perf/h200-findings.md has the sweeps).

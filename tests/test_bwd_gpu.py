@@ -279,11 +279,68 @@ def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_hea
         assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
+@pytest.mark.parametrize("tile_m", (80, 64))
+@pytest.mark.parametrize(
+    "heads,kv_heads,change",
+    (
+        (3, 3, dict()),
+        (3, 3, dict(dq_first_stores=False)),
+        (3, 3, dict(staggered_warpgroups=False)),
+        (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
+        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
+    ),
+    ids=("mha", "mha-zeroed", "mha-in-step", "gqa2-accumulate", "gqa3-in-cta"),
+)
+def test_backward_transposed_dq_variants_match_reference(causal, seqlen_q, seqlen_k, tile_m, heads, kv_heads, change):
+    # dQᵀ = Kᵀ dSᵀ at head dim 128 (dq_transposed), on 80-row query blocks (flash-attn-4's
+    # unmasked tile, no multiple of 64) and 64: each warpgroup's accumulator leaves in its
+    # registers' order and the postprocess puts every value back in place. Ragged last
+    # blocks (17, 333, 777 and 1000 rows are no multiple of 80), first stores and the zeroed
+    # accumulator, in step and staggered, both GQA schemes.
+    import dataclasses
+
+    from flash4.backward import backward_config
+
+    config = dataclasses.replace(
+        backward_config(128, causal, kv_heads != heads, seqlen_k=seqlen_k), dq_transposed=True, tile_m=tile_m,
+        **change,
+    )
+    _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, 128, causal, torch.bfloat16, config)
+
+
+@pytest.mark.parametrize("tile_m", (80, 64))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_transposed_dq_deterministic_backward_is_bit_identical(tile_m, causal):
+    # Deterministic turns over the transposed parts: two runs, the same bits, and the rule.
+    import dataclasses
+
+    from flash4.backward import attention_backward, backward_config
+
+    q, k, v, out, dout, lse = _many_adders_inputs(4, 4, 128, causal)
+    config = dataclasses.replace(
+        backward_config(128, causal, False, True, seqlen_k=1000), dq_transposed=True, tile_m=tile_m
+    )
+    runs = []
+    for _ in range(2):
+        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
+                                       config=config))
+    torch.cuda.synchronize()
+    for name, first, second in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
+    _check_against_reference(q, k, v, dout, causal, runs[0])
+
+
+@pytest.mark.parametrize(
+    "head_dim,transposed", ((64, False), (128, False), (256, False), (128, True)),
+    ids=("d64", "d128", "d256", "d128-transposed-80"),
+)
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
 @pytest.mark.parametrize("seqlen", (1, 17, 1000))
 @pytest.mark.parametrize("overlap", (False, True), ids=("alone", "overlap"))
-def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap):
+def test_dq_postprocess_rounds_like_torch(head_dim, transposed, dtype, seqlen, overlap):
     # dQ out of its fp32 accumulator (kernels/sm90_bwd_postprocess.py), which holds each
     # query block as the main kernel's tile geometry says: every value read from its
     # place, the product with the softmax scale rounded once to nearest even, as torch's
@@ -292,7 +349,13 @@ def test_dq_postprocess_rounds_like_torch(head_dim, dtype, seqlen, overlap):
     from flash4.backward import backward_config
     from flash4.compiler import compiled_backward_postprocess
 
-    geometry = backward_config(head_dim, False, seqlen_k=1024).dq_tile_geometry
+    import dataclasses
+
+    config = backward_config(head_dim, False, seqlen_k=1024)
+    if transposed:
+        # The dQᵀ parts in register order, staged through shared memory a query block at a time.
+        config = dataclasses.replace(config, dq_transposed=True, tile_m=80)
+    geometry = config.dq_tile_geometry
     # Rows padded to whole query blocks, as attention_backward allocates them.
     batch, heads, scale, padded = 2, 3, 0.0883883, -(-seqlen // geometry.tile_m) * geometry.tile_m
     rows_major = torch.randn(batch, heads, padded, head_dim, device="cuda") * 3

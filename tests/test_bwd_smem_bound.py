@@ -37,7 +37,9 @@ def test_head_dim_128_step_counts_each_operand_read():
     assert tile.flops == 10 * 64 * 128 * 128
 
 
-@pytest.mark.parametrize("head_dim,causal,bound", ((64, False, 0.907), (128, False, 0.868), (256, True, 0.588)))
+@pytest.mark.parametrize(
+    "head_dim,causal,bound", ((64, False, 0.907), (128, True, 0.868), (128, False, 0.916), (256, True, 0.588))
+)
 def test_flash4_rows_ceilings(head_dim, causal, bound):
     # Head dim 256's step (544 KiB through shared memory for 10.5 MFLOP) cannot keep the
     # tensor cores busy more than 59% of the time; 64 and 128 are closer to the tensor rate.
@@ -45,12 +47,14 @@ def test_flash4_rows_ceilings(head_dim, causal, bound):
     assert module.flash4_tile(head_dim, causal).tensor_share() == pytest.approx(bound, abs=1e-3)
 
 
-def test_flash_attn_4_80_row_tile_moves_fewer_bytes_per_flop_than_64_rows():
-    # Its lead at head dim 128 unmasked: 5% fewer shared-memory bytes per FLOP; causal it
-    # takes 64 rows, flash4's tile.
+def test_80_row_tile_moves_fewer_bytes_per_flop_than_64_rows():
+    # Head dim 128 unmasked: the 80-row tile (flash-attn-4's, and flash4's since
+    # dq_transposed) moves 5% fewer shared-memory bytes per FLOP than 64 rows; causal both
+    # take 64.
     module = _module()
-    ours, theirs = module.flash4_tile(128, False), module.fa4_tile(128, False)
-    per_flop = [sum(t.smem_bytes().values()) / t.flops for t in (ours, theirs)]
+    rows_64, rows_80 = module.flash4_tile(128, True), module.flash4_tile(128, False)
+    assert (rows_64.tile_m, rows_80.tile_m) == (64, 80)
+    per_flop = [sum(t.smem_bytes().values()) / t.flops for t in (rows_64, rows_80)]
     assert per_flop[1] / per_flop[0] == pytest.approx(0.947, abs=1e-3)
-    assert module.fa4_tile(128, True) == ours
+    assert module.fa4_tile(128, False) == rows_80 and module.fa4_tile(128, True) == rows_64
     assert module.fa4_tile(256, False) is None

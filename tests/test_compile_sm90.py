@@ -134,11 +134,12 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
     # dq_first_stores: beside each reduction, the store of a part's first contribution.
     first_stores = parts if config.dq_first_stores else 0
     assert ptx.count("cp.async.bulk.global.shared::cta.bulk_group") == first_stores * walks
-    # Two values per store, a warpgroup's part over 128 threads, in the masked and the
-    # mask-free loop.
+    # Two values per store (transposed, four: the registers in their order), a
+    # warpgroup's part over 128 threads, in the masked and the mask-free loop.
     part = config.dq_tile_geometry
-    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == (
-        (2 + staggered) * part.part_rows * part.part_cols // (2 * 128) * walks
+    width = 4 if part.transposed else 2
+    assert len(re.findall(rf"st\.shared\.v{width}\.[bf]32", ptx)) == (
+        (2 + staggered) * part.part_rows * part.part_cols // (width * 128) * walks
     )
     full, empty = ([str(int(first) + i) for i in range(parts)] for first in (NamedBarrier.DQ_FULL_0, NamedBarrier.DQ_EMPTY_0))
     handoff = [(op, b) for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)]
@@ -195,7 +196,8 @@ def test_staggered_backward_meets_by_arrivals(head_dim, causal):
     met = [(op, b if not b.startswith("%") else "%") for op, b in re.findall(r"bar\.(sync|arrive)\s+(\S+), 256;", ptx)]
     assert met == 2 * loop + [("sync", written[1])] + [("sync", str(int(NamedBarrier.EPILOGUE)))] * 2
     part = config.dq_tile_geometry
-    assert len(re.findall(r"st\.shared\.v2\.[bf]32", ptx)) == 3 * part.part_rows * part.part_cols // (2 * 128)
+    width = 4 if part.transposed else 2
+    assert len(re.findall(rf"st\.shared\.v{width}\.[bf]32", ptx)) == 3 * part.part_rows * part.part_cols // (width * 128)
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
@@ -621,6 +623,51 @@ def test_dq_accumulator_stores_have_no_bank_conflicts(cols):
                     for lane in range(32)
                 ]
                 assert wavefronts(addresses) == 2, (warp, half, j)
+
+
+@pytest.mark.parametrize("tile_m", (64, 80))
+def test_transposed_dq_registers_land_where_the_postprocess_reads_them(tile_m):
+    # dq_transposed: each warpgroup's dQᵀ accumulator (M = its 64 head-dim columns, N = the
+    # block's queries) leaves its registers in order, register i of thread t at
+    # (i // 4) * 512 + 4 t + i % 4 of the warpgroup's part. For every register of every
+    # thread, CuTe's partition of the tiled MMA names (column, query); the geometry's offset
+    # of dQ's (query, column) must be that place, and the postprocess's inverse map must
+    # name (column, query) back. Together: a permutation of the block.
+    import dataclasses
+
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+
+    from flash4.backward import backward_config
+    from flash4.kernels.configs import THREADS_PER_WARPGROUP, accumulator_register_coords
+
+    config = dataclasses.replace(backward_config(128, False, seqlen_k=16384), dq_transposed=True, tile_m=tile_m)
+    geometry = config.dq_tile_geometry
+    found: dict = {}
+
+    @cute.jit
+    def evaluate():
+        mn = cute.nvgpu.OperandMajorMode.MN
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16, mn, mn, cutlass.Float32, (2, 1, 1), (64, tile_m)
+        )
+        identity = cute.make_identity_tensor((128, tile_m))
+        for thread in cutlass.range_constexpr(2 * THREADS_PER_WARPGROUP):
+            coords = tiled_mma.get_slice(thread).partition_C(identity)
+            found[thread] = [tuple(int(x) for x in coords[i]) for i in range(cute.size(coords))]
+
+    evaluate()
+    part_floats = 64 * tile_m
+    places = []
+    for thread, coords in found.items():
+        part, t = divmod(thread, THREADS_PER_WARPGROUP)
+        for i, (column, query) in enumerate(coords):
+            place = part * part_floats + (i // 4) * 4 * THREADS_PER_WARPGROUP + 4 * t + i % 4
+            assert geometry.offset(query, column) == place, (thread, i, column, query)
+            assert accumulator_register_coords(place % part_floats) == (column % 64, query)
+            places.append(place)
+    assert sorted(places) == list(range(128 * tile_m))
 
 
 @pytest.mark.parametrize("head_dim", (64, 128, 256))

@@ -82,6 +82,29 @@ def test_backward_configs_of_the_selector_fit_and_split_only_head_dim_256():
         assert config.tile_n == (64 if head_dim == 256 else 128)
 
 
+def test_backward_selector_takes_80_row_blocks_with_dq_transposed_at_head_dim_128_unmasked_only():
+    from flash4.backward import TRANSPOSED_DQ_TILE_M, backward_config
+
+    for seqlen_k in (1, 1000, 16384):
+        config = backward_config(128, False, seqlen_k=seqlen_k)
+        assert (config.tile_m, config.dq_transposed) == (TRANSPOSED_DQ_TILE_M, True) == (80, True)
+        others = (
+            backward_config(128, True, seqlen_k=seqlen_k), backward_config(128, False, True, seqlen_k=seqlen_k),
+            backward_config(128, False, deterministic=True, seqlen_k=seqlen_k),
+            backward_config(64, False, seqlen_k=seqlen_k), backward_config(256, False, seqlen_k=seqlen_k),
+        )
+        for other in others:
+            assert not other.dq_transposed and other.tile_m != TRANSPOSED_DQ_TILE_M
+
+
+def test_transposed_dq_geometry_is_one_warpgroup_accumulator_a_part():
+    from flash4.kernels.configs import DQTileGeometry
+
+    DQTileGeometry(128, 80, 80, 64, transposed=True)
+    with pytest.raises(ValueError, match="transposed=True: .*got part_rows=40, part_cols=128"):
+        DQTileGeometry(128, 80, 40, 128, transposed=True)
+
+
 def test_backward_selector_zeroes_the_accumulator_from_long_rows_on_unless_deterministic():
     from flash4.backward import SUPPORTED_HEAD_DIMS, ZEROED_DQ_MIN_SEQLEN_K, backward_config
 
@@ -145,6 +168,9 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_on_a_full_grid_causal_onl
         (dict(head_dim=128, tile_m=64, q_stages=0), "q_stages=0"),
         (dict(head_dim=128, tile_m=64, dq_rows=True), "dq_rows=True: .*tile_m=128 \\(got 64\\)"),
         (dict(head_dim=128, tile_m=80), "tile_m=80: .*a multiple of 64"),
+        (dict(head_dim=64, tile_m=80, dq_transposed=True), "dq_transposed=True: .*head_dim=128; got head_dim=64"),
+        (dict(head_dim=128, tile_m=128, dq_rows=True, dq_transposed=True), "dq_transposed=True: .*dq_rows=True"),
+        (dict(head_dim=128, tile_m=72, dq_transposed=True), "tile_m=72: a multiple of 16"),
         # Head dim 256 with two Q stages: the fp32 dQ tile leaves no room.
         (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True),
          "bytes of shared memory"),
