@@ -3,22 +3,13 @@ the three flash4 rows and flash-attn-4's 80-row tile, and the ceilings they set.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "perf" / "bwd_smem_bound.py"
+from perf_tools import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bwd_smem_bound", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclass looks its module up by name.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("bwd_smem_bound")
 
 
 def test_head_dim_128_step_counts_each_operand_read():

@@ -3,19 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from perf_tools import load
 
 from flash4.dispatch import TABLE
 
-_PATH = Path(__file__).resolve().parents[1] / "perf" / "ptx_snapshot.py"
-
 
 def _snapshot_module():
-    spec = importlib.util.spec_from_file_location("ptx_snapshot", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("ptx_snapshot")
 
 
 def test_forward_variants_cover_every_selector_row_and_the_fp8_kernels_without_lse():

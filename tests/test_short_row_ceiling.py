@@ -3,22 +3,13 @@ bench records whose times follow known lines."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "perf" / "short_row_ceiling.py"
+from perf_tools import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("short_row_ceiling", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclass looks its module up by name.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("short_row_ceiling")
 
 
 def _report(fixed_slow, per_gflop_slow, fixed_fast, per_gflop_fast):
