@@ -154,7 +154,7 @@ class Sm90BackwardPostprocess:
                 part, inside = first // part_floats, first % part_floats
                 for i in cutlass.range_constexpr(self.vector):
                     # The dQᵀ accumulator's (row, col) is dQ's (col, part's first column + row).
-                    col, query = accumulator_register_coords(inside + i)
-                    staged[query * stride + part * geometry.part_cols + col] = value[i]
+                    column, query = accumulator_register_coords(inside + i)
+                    staged[query * stride + part * geometry.part_cols + column] = value[i]
         cute.arch.barrier()
         return staged
