@@ -529,7 +529,7 @@ def test_dq_postprocess_waits_for_its_head_only_when_overlapping(overlap):
         assert ptx.index("ld.acquire.gpu") < ptx.index("ld.global.v4")
 
 
-@pytest.mark.parametrize("kernel", ("quantize_rows", "quantize_transposed_v", "bwd_postprocess"))
+@pytest.mark.parametrize("kernel", ("quantize_rows", "quantize_transposed_v", "bwd_postprocess", "bwd_postprocess_transposed"))
 def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
     # A load-convert-store loop keeps one load in flight per thread (a load stays behind a
     # store to memory the compiler cannot tell apart): the stores of a batch come after all
@@ -542,6 +542,10 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         "quantize_rows": lambda: compile_quantize_report("bfloat16", 128, None),
         "quantize_transposed_v": lambda: compile_quantize_report("bfloat16", 128, None, transposed_v=True),
         "bwd_postprocess": lambda: compile_backward_postprocess_report(
+            "bfloat16", backward_config(128, True, seqlen_k=1024).dq_tile_geometry
+        ),
+        # Head dim 128 unmasked: dQᵀ's parts in register order, staged through shared memory.
+        "bwd_postprocess_transposed": lambda: compile_backward_postprocess_report(
             "bfloat16", backward_config(128, False, seqlen_k=1024).dq_tile_geometry
         ),
     }[kernel]()
@@ -550,7 +554,7 @@ def test_memory_passes_issue_their_loads_ahead_of_their_stores(kernel):
         for line in (raw.strip() for raw in report.ptx.splitlines())
         if line.startswith(("ld.global.v4", "st.global"))
     )
-    if kernel == "quantize_transposed_v":
+    if kernel in ("quantize_transposed_v", "bwd_postprocess_transposed"):
         # Through shared memory: every load of the tile before any store.
         assert order == "L" * order.count("L") + "S" * order.count("S"), order
     else:
@@ -657,7 +661,7 @@ def test_transposed_dq_registers_land_where_the_postprocess_reads_them(tile_m):
             coords = tiled_mma.get_slice(thread).partition_C(identity)
             found[thread] = [tuple(int(x) for x in coords[i]) for i in range(cute.size(coords))]
 
-    evaluate()
+    cute.compile(evaluate, options="--gpu-arch=sm_90a")
     part_floats = 64 * tile_m
     places = []
     for thread, coords in found.items():
