@@ -156,7 +156,7 @@ class DQStoreWarp:
                 )
         key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
         for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate, self.config.cluster_key_blocks)
             ticket = None
             if cutlass.const_expr(tickets_taken):
                 ticket = self.ticket_for(dq_out, m_block)

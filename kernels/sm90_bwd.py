@@ -68,7 +68,9 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
-from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
+from ..pipelines.tma_pipeline import (
+    barrier_words, consumer_state, finish_cluster, finish_init, make_tma_ring, producer_state,
+)
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bwd_blocks import masked_block_end, mirror_block, query_block_at, query_block_range
 from .configs import (
@@ -213,6 +215,7 @@ class Sm90BackwardKernel:
         # deterministic mode fixes the order of the additions.
         self.rotate = config.rotate_query_blocks and not config.causal and not config.deterministic
         self.split = config.head_dim_split
+        self.ctas = config.cluster_key_blocks
         self.staggered = config.staggered_warpgroups
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
@@ -294,8 +297,14 @@ class Sm90BackwardKernel:
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
-        atom_q, tma_q = cpasync.make_tiled_tma_atom(load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
-        atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        # cluster_key_blocks: each CTA of a cluster loads its share of a Q or dO tile into all.
+        load_qdo = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.ctas > 1 else load
+        atom_q, tma_q = cpasync.make_tiled_tma_atom(
+            load_qdo, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim), self.ctas
+        )
+        atom_do, tma_do = cpasync.make_tiled_tma_atom(
+            load_qdo, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim), self.ctas
+        )
         # A query block's LSE·log2(e) and D come with its Q and dO tiles, on their barriers.
         atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load, mLSELog2, row_layout, (self.tile_m,))
         atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load, mD, row_layout, (self.tile_m,))
@@ -327,6 +336,7 @@ class Sm90BackwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
+            **(dict(cluster=[self.ctas, 1, 1]) if self.ctas > 1 else {}),
         )
 
     def grid_key_blocks(self, mK: cute.Tensor):
@@ -420,8 +430,10 @@ class Sm90BackwardKernel:
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         rings = BackwardRings(
             kv=make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads),
-            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads),
-            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads),
+            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads,
+                            self.ctas),
+            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads,
+                             self.ctas),
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
@@ -432,7 +444,7 @@ class Sm90BackwardKernel:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        finish_init()
+        finish_init(cluster=self.ctas > 1)
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
@@ -468,6 +480,8 @@ class Sm90BackwardKernel:
             ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, tidx)
             kv_out = KVOutputs(mdK, mdV, atom_dk, atom_dv, mdKVTurns)
             self.consume(ops, rings, sdQ, kv_out, softmax_scale, block, heads.count, m_begin, m_end, tidx)
+        if cutlass.const_expr(self.ctas > 1):
+            finish_cluster()
 
     def mirror_walk(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """mirror_pairs: the key block walked after ``n_block``, and its query blocks."""
@@ -542,25 +556,37 @@ class Sm90BackwardKernel:
         rings' states after them."""
         gQ, gdO = (t[None, None, head, batch] for t in (loads.mQ, loads.mdO))
         gLSE, gD = (t[None, head, batch] for t in (loads.mLSELog2, loads.mD))
+        # cluster_key_blocks: this CTA's share of each Q and dO tile goes to every CTA of the
+        # cluster; each loads its own rows' LSE and D (a tile's bytes are counted whole).
+        shared = self.ctas > 1
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) if shared else 0
         for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate, self.ctas)
             rings.q.producer_acquire(q_state)
-            self.load_tile(loads.atom_q, rings.sQ[None, None, q_state.index], gQ, self.tile_m, m_block, rings.q, q_state)
+            self.load_tile(loads.atom_q, rings.sQ[None, None, q_state.index], gQ, self.tile_m, m_block, rings.q, q_state,
+                           rank, shared)
             self.load_rows(loads.atom_lse, rings.sLSE[None, q_state.index], gLSE, m_block, rings.q, q_state)
             q_state.advance()
             rings.do.producer_acquire(do_state)
             self.load_tile(loads.atom_do, rings.sdO[None, None, do_state.index], gdO, self.tile_m, m_block, rings.do,
-                           do_state)
+                           do_state, rank, shared)
             self.load_rows(loads.atom_delta, rings.sD[None, do_state.index], gD, m_block, rings.do, do_state)
             do_state.advance()
         return q_state, do_state
 
     @cute.jit
-    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
+    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state, rank=0,
+                  shared: cutlass.Constexpr[bool] = False):
         """TMA of the (rows, head_dim) tile ``block`` of ``gmem`` into ``smem``, counted on
-        ``ring``'s barrier at ``state`` (acquired by the caller)."""
-        s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
-        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
+        ``ring``'s barrier at ``state`` (acquired by the caller); ``shared``: the share of
+        the CTA ranked ``rank`` in its cluster, multicast to all."""
+        if cutlass.const_expr(shared):
+            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block, 0, rank, self.ctas)
+            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state),
+                      mcast_mask=cutlass.Int16((1 << self.ctas) - 1))
+        else:
+            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
+            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
     @cute.jit
     def load_rows(self, atom, smem, gmem, block: Int32, ring, state):
@@ -650,7 +676,7 @@ class Sm90BackwardKernel:
         for part in cutlass.range_constexpr(len(parts)):
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
-                m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
+                m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate, self.ctas)
                 self.step(ops, rings, q_state, do_state, sdQ, block, m_block, self.ds_stage(step, ds_offset),
                           scale_log2, tidx, masked, step == m_begin)
                 q_state.advance()
