@@ -349,15 +349,15 @@ def test_backward_key_block_clusters_in_fp16_match_reference():
 
 
 def test_backward_key_block_clusters_refuse_an_odd_number_of_key_blocks_before_any_launch():
-    # 1000 keys make 16 blocks of 64, 1001 make 17: the second cluster would lack a CTA.
+    # 1024 keys make 16 blocks of 64, 1088 make 17: the ninth cluster would lack a CTA.
     import dataclasses
 
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
-    config = dataclasses.replace(backward_config(256, False, seqlen_k=1001), cluster_key_blocks=2)
+    config = dataclasses.replace(backward_config(256, False, seqlen_k=1088), cluster_key_blocks=2)
     q = torch.randn(1, 100, 2, 256, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(1, 1001, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 1088, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out, lse = flash_attn_func(q, k, v, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
     with pytest.raises(ValueError, match="cluster_key_blocks=2.*17 blocks"):
