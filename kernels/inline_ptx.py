@@ -60,3 +60,70 @@ def permute_bytes(low: Int32, high: Int32, selector: int, *, loc=None, ip=None) 
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
     return Int32(value)
+
+
+@dsl_user_op
+def cluster_shared_address(address: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """``mapa``: where the shared::cta ``address`` of this CTA lies in the shared::cluster
+    window of the CTA ranked ``rank`` in the cluster (the same variable over there)."""
+    value = llvm.inline_asm(
+        T.i32(),
+        [Int32(address).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "mapa.shared::cluster.u32 $0, $1, $2;",
+        "=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return Int32(value)
+
+
+@dsl_user_op
+def store_remote_f32x2(address: Int32, first: Float32, second: Float32, barrier: Int32, *, loc=None,
+                       ip=None) -> None:
+    """``st.async`` of two fp32 to the shared::cluster ``address`` (8-byte aligned) of
+    another CTA, completing 8 bytes of the transaction count of the mbarrier at its
+    shared::cluster ``barrier``: the data is visible to whoever waits on that barrier."""
+    llvm.inline_asm(
+        None,
+        [Int32(address).ir_value(loc=loc, ip=ip), Int32(barrier).ir_value(loc=loc, ip=ip),
+         Float32(first).ir_value(loc=loc, ip=ip), Float32(second).ir_value(loc=loc, ip=ip)],
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$2, $3}, [$1];",
+        "r,r,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def load_shared_f32x2(address: Int32, *, loc=None, ip=None) -> tuple[Float32, Float32]:
+    """``ld.shared.v2.f32`` at the shared::cta ``address`` (8-byte aligned), kept in place
+    (after the mbarrier wait that makes the data visible) by being marked as having side
+    effects."""
+    pair = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32(), T.f32()]),
+        [Int32(address).ir_value(loc=loc, ip=ip)],
+        "ld.shared.v2.f32 {$0, $1}, [$2];",
+        "=f,=f,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return (Float32(llvm.extractvalue(T.f32(), pair, [0], loc=loc, ip=ip)),
+            Float32(llvm.extractvalue(T.f32(), pair, [1], loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def store_shared_f32x2(address: Int32, first: Float32, second: Float32, *, loc=None, ip=None) -> None:
+    """``st.shared.v2.f32`` at the shared::cta ``address`` (8-byte aligned)."""
+    llvm.inline_asm(
+        None,
+        [Int32(address).ir_value(loc=loc, ip=ip), Float32(first).ir_value(loc=loc, ip=ip),
+         Float32(second).ir_value(loc=loc, ip=ip)],
+        "st.shared.v2.f32 [$0], {$1, $2};",
+        "r,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )

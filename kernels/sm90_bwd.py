@@ -77,6 +77,7 @@ from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
+from .dq_pair_sum import PAIR_BARRIERS, DQPairSum, pair_rank
 from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
@@ -156,6 +157,8 @@ class DQOutputs:
     mdQAccum: cute.Tensor
     mdQCounters: Optional[cute.Tensor]
     mdQReady: Optional[cute.Tensor]
+    # cluster_key_blocks: this CTA's side of the pair's dQ sum (None otherwise).
+    pair: Optional[DQPairSum] = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,8 @@ class BackwardOperands:
     sP: Optional[cute.Tensor]
     store_dq: Any
     warpgroup_idx: Int32
+    # cluster_key_blocks: this CTA's side of the pair's dQ sum (None otherwise).
+    dq_pair: Optional[DQPairSum] = None
 
 
 class Sm90BackwardKernel:
@@ -376,6 +381,8 @@ class Sm90BackwardKernel:
         if self.split:
             # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
             fields["sP"] = buffer(sdS_layout)
+        if self.ctas > 1:
+            fields["dq_pair_barriers"] = cute.struct.MemRange[cutlass.Int64, PAIR_BARRIERS]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def row_ring_layout(self, stages: int) -> cute.Layout:
@@ -444,6 +451,13 @@ class Sm90BackwardKernel:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        pair = None
+        if cutlass.const_expr(self.ctas > 1):
+            pair = DQPairSum(storage.dq_pair_barriers.data_ptr(), storage.sdQ.data_ptr().toint(), pair_rank(),
+                             self.tile_m, self.head_dim // self.config.consumer_warpgroups)
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    pair.init_barriers()
         finish_init(cluster=self.ctas > 1)
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
@@ -465,7 +479,7 @@ class Sm90BackwardKernel:
                     if mirror > n_block:
                         self.produce(loads, rings, heads, mirror, begin, end, kv_state, q_state, do_state)
             if warp_idx == DQ_STORE_WARP:
-                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady)
+                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady, pair)
                 self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, n_block, m_begin, m_end)
                 if cutlass.const_expr(self.config.mirror_pairs):
                     mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
@@ -477,7 +491,7 @@ class Sm90BackwardKernel:
             group = mQ.shape[2] // mK.shape[2]
             kv_head = heads.first // group
             block = KeyBlock(n_block, heads.first, kv_head, heads.first - kv_head * group, batch, seqlen_q, seqlen_k)
-            ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, tidx)
+            ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, pair, tidx)
             kv_out = KVOutputs(mdK, mdV, atom_dk, atom_dv, mdKVTurns)
             self.consume(ops, rings, sdQ, kv_out, softmax_scale, block, heads.count, m_begin, m_end, tidx)
         if cutlass.const_expr(self.ctas > 1):
@@ -520,8 +534,11 @@ class Sm90BackwardKernel:
         dq_counters = None
         if cutlass.const_expr(dq_out.mdQCounters is not None):
             dq_counters = dq_out.mdQCounters[None, head, batch]
-        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters)
-        store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters, dq_out.pair)
+        if cutlass.const_expr(dq_out.pair is not None):
+            store_warp.run_kept_part(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+        else:
+            store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
         if cutlass.const_expr(signal and dq_out.mdQReady is not None):
             store_warp.signal_ready(dq_out.mdQReady, head, batch)
 
@@ -678,7 +695,7 @@ class Sm90BackwardKernel:
             for step in cutlass.range(begin, end, unroll=1):
                 m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate, self.ctas)
                 self.step(ops, rings, q_state, do_state, sdQ, block, m_block, self.ds_stage(step, ds_offset),
-                          scale_log2, tidx, masked, step == m_begin)
+                          scale_log2, tidx, masked, step == m_begin, self.turn(step, ds_offset) % 2)
                 q_state.advance()
                 do_state.advance()
         if cutlass.const_expr(self.staggered):
@@ -694,12 +711,16 @@ class Sm90BackwardKernel:
                     self.publish_dq(ops)
         return q_state, do_state
 
+    def turn(self, step: Int32, ds_offset: Optional[Int32]) -> Int32:
+        """A walk's step counted on from the earlier walks' (``ds_offset``; None: 0)."""
+        if cutlass.const_expr(ds_offset is not None):
+            step = step + ds_offset
+        return step
+
     def ds_stage(self, step: Int32, ds_offset: Optional[Int32]) -> Int32:
         """The dSᵀ buffer of a walk's step: they take turns by step (not by query block,
         which a rotated walk wraps), from ``ds_offset`` on (None: 0)."""
-        if cutlass.const_expr(ds_offset is not None):
-            step = step + ds_offset
-        return step % self.ds_stages
+        return self.turn(step, ds_offset) % self.ds_stages
 
     def wait_ds_written(self, writer: int) -> None:
         """Staggered: sync until warpgroup ``writer`` has written its rows of the next
@@ -709,7 +730,7 @@ class Sm90BackwardKernel:
     @cute.jit
     def consumer_operands(
         self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-        rings: BackwardRings, sdS: cute.Tensor, sP: Optional[cute.Tensor], tidx: Int32,
+        rings: BackwardRings, sdS: cute.Tensor, sP: Optional[cute.Tensor], pair: Optional[DQPairSum], tidx: Int32,
     ) -> BackwardOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
@@ -760,6 +781,7 @@ class Sm90BackwardKernel:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
+            dq_pair=pair,
         )
 
     @cute.jit
@@ -777,9 +799,11 @@ class Sm90BackwardKernel:
         tidx: Int32,
         masked: cutlass.Constexpr[bool],
         first: cutlass.Boolean,
+        parity: Int32,
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
-        ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step."""
+        ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step;
+        ``parity``: its turn's (cluster_key_blocks: the phase of the pair's dQ barriers)."""
         self.p_and_ds(ops, rings, q_state, do_state, block, m_block, ds_stage, scale_log2, masked, first)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
@@ -799,8 +823,11 @@ class Sm90BackwardKernel:
             warpgroup.wait_group(1)
             rings.do.consumer_release(do_state)
             warpgroup.wait_group(0)
-            self.write_dq(ops, acc_dq, sdQ)
-            self.publish_dq(ops)
+            if cutlass.const_expr(self.ctas > 1):
+                self.sum_dq_over_pair(ops, acc_dq, parity)
+            else:
+                self.write_dq(ops, acc_dq, sdQ)
+                self.publish_dq(ops)
         else:
             dq_stage, dq_due = ds_stage, True
             if cutlass.const_expr(self.staggered):
@@ -942,6 +969,16 @@ class Sm90BackwardKernel:
                     sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
                 )
             cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
+
+    @cute.jit
+    def sum_dq_over_pair(self, ops: BackwardOperands, acc_dq: cute.Tensor, parity: Int32):
+        """cluster_key_blocks: warpgroup w's part of dQ goes to CTA w of the pair, which adds
+        its own and hands the sum to its store warp (kernels/dq_pair_sum.py)."""
+        if ops.warpgroup_idx == ops.dq_pair.rank:
+            ops.dq_pair.keep(acc_dq, parity)
+            self.publish_dq(ops)
+        else:
+            ops.dq_pair.send(acc_dq, parity)
 
     @cute.jit
     def write_registers_in_order(self, acc: cute.Tensor, part: cute.Tensor):

@@ -316,25 +316,28 @@ def test_backward_transposed_dq_variants_match_reference(causal, seqlen_q, seqle
 @pytest.mark.parametrize(
     "heads,kv_heads,change",
     (
-        (3, 3, dict(dq_first_stores=True)),
-        (3, 3, dict(dq_first_stores=False)),
+        (3, 3, dict()),
         (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
         (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
     ),
-    ids=("mha-first-stores", "mha-zeroed", "gqa2-accumulate", "gqa3-in-cta"),
+    ids=("mha", "gqa2-accumulate", "gqa3-in-cta"),
 )
 def test_backward_key_block_clusters_match_reference(seqlen_q, seqlen_k, heads, kv_heads, change):
-    # Head dim 256 unmasked with pairs of key blocks in a cluster (cluster_key_blocks=2),
-    # sharing each Q and dO tile by multicast and walking the query blocks in step, rotated
-    # by pair: ragged queries (1, 17, 333, 777 rows), ragged keys (the last block of 333
-    # and of 1000 keys part-filled), first stores and the zeroed accumulator, both GQA
-    # schemes. Every seqlen_k here makes an even number of 64-key blocks.
+    # Head dim 256 unmasked with pairs of key blocks in a cluster (cluster_key_blocks=2):
+    # Q and dO tiles multicast, the query blocks walked in step (rotated by pair), and each
+    # block's dQ parts summed in the CTA that keeps them before one bulk reduction each.
+    # Ragged queries (1, 17, 333, 777 rows), ragged keys (the last block of 333 and of
+    # 1000 keys part-filled), long walks (4096 queries: 64 steps, each barrier phase
+    # turning 64 times), both GQA schemes (a CTA per kv head walks its group's heads in
+    # turn, the phases running on). Every seqlen_k here makes an even number of 64-key
+    # blocks.
     import dataclasses
 
     from flash4.backward import backward_config
 
     config = dataclasses.replace(
-        backward_config(256, False, kv_heads != heads, seqlen_k=seqlen_k), cluster_key_blocks=2, **change
+        backward_config(256, False, kv_heads != heads, seqlen_k=seqlen_k), cluster_key_blocks=2,
+        dq_first_stores=False, **change
     )
     _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, 256, False, torch.bfloat16, config)
 
@@ -344,7 +347,8 @@ def test_backward_key_block_clusters_in_fp16_match_reference():
 
     from flash4.backward import backward_config
 
-    config = dataclasses.replace(backward_config(256, False, seqlen_k=2048), cluster_key_blocks=2)
+    config = dataclasses.replace(backward_config(256, False, seqlen_k=2048), cluster_key_blocks=2,
+                                 dq_first_stores=False)
     _backward_matches_reference(2, 1000, 2048, 4, 4, 256, False, torch.float16, config)
 
 
@@ -355,7 +359,8 @@ def test_backward_key_block_clusters_refuse_an_odd_number_of_key_blocks_before_a
     from flash4 import flash_attn_func
     from flash4.backward import attention_backward, backward_config
 
-    config = dataclasses.replace(backward_config(256, False, seqlen_k=1088), cluster_key_blocks=2)
+    config = dataclasses.replace(backward_config(256, False, seqlen_k=1088), cluster_key_blocks=2,
+                                 dq_first_stores=False)
     q = torch.randn(1, 100, 2, 256, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 1088, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out, lse = flash_attn_func(q, k, v, return_lse=True)
