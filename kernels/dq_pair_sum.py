@@ -34,7 +34,8 @@ from cutlass._mlir.dialects import nvvm
 
 from ..pipelines.warp_roles import THREADS_PER_WARPGROUP
 from .configs import accumulator_register_coords, accumulator_tile_offset
-from .inline_ptx import cluster_shared_address, load_shared_f32x2, store_remote_f32x2, store_shared_f32x2
+from .bulk_reduce import bulk_copy_to_cluster
+from .inline_ptx import cluster_shared_address, load_shared_f32x2, store_shared_f32x2
 
 # The pair's mbarriers in each CTA: RECEIVED (the peer's part has landed in the kept slot)
 # and SLOT_FREE (the peer's store warp has read the slot this CTA's sender writes into).
@@ -51,10 +52,14 @@ class DQPairSum:
     ``part_cols`` columns, each laid out as ``accumulator_tile_offset`` says."""
 
     barriers: cute.Pointer
-    tile: Int32
+    tile_pointer: cute.Pointer
     rank: Int32
     tile_m: int
     part_cols: int
+
+    @property
+    def tile(self) -> Int32:
+        return self.tile_pointer.toint()
 
     @property
     def part_bytes(self) -> int:
@@ -90,17 +95,20 @@ class DQPairSum:
                 store_shared_f32x2(self.slot_address(self.tile, self.rank, thread, p), acc_dq[2 * p] + first,
                                    acc_dq[2 * p + 1] + second)
 
-    @cute.jit
-    def send(self, acc_dq: cute.Tensor, parity: Int32):
-        """The sender warpgroup: once the keeper's slot is free, store this thread's dQ
-        accumulator into it, where the keeper's own stores would put it."""
-        thread = cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP
+    def wait_slot_free(self, parity: Int32) -> None:
+        """The sender warpgroup, before writing its part into its own slot: the keeper's
+        store warp has read the sum of the previous block, which it made after the last
+        copy out of this slot had landed; so both the keeper's slot and this one are free."""
         cute.arch.mbarrier_wait(self.barriers + 1, parity ^ 1)
+
+    def ship(self, part) -> None:
+        """One thread of the sender warpgroup, once its part is written (and fenced for
+        the async proxy): copy it into the same slot of the keeper, completing the bytes on
+        the keeper's RECEIVED barrier."""
         keeper = 1 - self.rank
-        tile = cluster_shared_address(self.tile, keeper)
-        received = cluster_shared_address(self.barriers.toint(), keeper)
-        for p in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            store_remote_f32x2(self.slot_address(tile, keeper, thread, p), acc_dq[2 * p], acc_dq[2 * p + 1], received)
+        offset = part * self.part_bytes
+        bulk_copy_to_cluster(self.tile_pointer + offset // FP32_BYTES, cluster_shared_address(self.tile + offset, keeper),
+                             self.part_bytes, cluster_shared_address(self.barriers.toint(), keeper))
 
     def slot_read(self) -> None:
         """The store warp's lane 0, once the TMA engine has read the kept slot: the

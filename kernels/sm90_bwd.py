@@ -453,7 +453,7 @@ class Sm90BackwardKernel:
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         pair = None
         if cutlass.const_expr(self.ctas > 1):
-            pair = DQPairSum(storage.dq_pair_barriers.data_ptr(), storage.sdQ.data_ptr().toint(), pair_rank(),
+            pair = DQPairSum(storage.dq_pair_barriers.data_ptr(), storage.sdQ.data_ptr(), pair_rank(),
                              self.tile_m, self.head_dim // self.config.consumer_warpgroups)
             if warp_idx == 0:
                 with cute.arch.elect_one():
@@ -824,7 +824,7 @@ class Sm90BackwardKernel:
             rings.do.consumer_release(do_state)
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.ctas > 1):
-                self.sum_dq_over_pair(ops, acc_dq, parity)
+                self.sum_dq_over_pair(ops, acc_dq, sdQ, parity)
             else:
                 self.write_dq(ops, acc_dq, sdQ)
                 self.publish_dq(ops)
@@ -971,14 +971,20 @@ class Sm90BackwardKernel:
             cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
 
     @cute.jit
-    def sum_dq_over_pair(self, ops: BackwardOperands, acc_dq: cute.Tensor, parity: Int32):
+    def sum_dq_over_pair(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor, parity: Int32):
         """cluster_key_blocks: warpgroup w's part of dQ goes to CTA w of the pair, which adds
         its own and hands the sum to its store warp (kernels/dq_pair_sum.py)."""
         if ops.warpgroup_idx == ops.dq_pair.rank:
             ops.dq_pair.keep(acc_dq, parity)
             self.publish_dq(ops)
         else:
-            ops.dq_pair.send(acc_dq, parity)
+            ops.dq_pair.wait_slot_free(parity)
+            cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(cute.group_modes(sdQ, 1, 3)))
+            # The TMA engine (async proxy) reads what the threads (generic proxy) wrote.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PAIR_WRITTEN), number_of_threads=THREADS_PER_WARPGROUP)
+            if cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP == 0:
+                ops.dq_pair.ship(ops.warpgroup_idx)
 
     @cute.jit
     def write_registers_in_order(self, acc: cute.Tensor, part: cute.Tensor):
