@@ -186,12 +186,6 @@ def attention_backward(
             f"config: {problem.heads} query heads share {problem.kv_heads} kv heads, so dK and dV need "
             f"kv_accumulate=True or kv_group_in_cta=True; got {config}"
         )
-    key_blocks = -(-problem.seqlen_k // config.tile_n)
-    if key_blocks % config.cluster_key_blocks:
-        raise ValueError(
-            f"config: cluster_key_blocks={config.cluster_key_blocks} needs a whole number of clusters of key "
-            f"blocks; seqlen_k={problem.seqlen_k} makes {key_blocks} blocks of {config.tile_n}"
-        )
     batch, heads, seqlen_q, head_dim = problem.batch, problem.heads, problem.seqlen_q, problem.head_dim
     padded = -(-seqlen_q // config.tile_m) * config.tile_m
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -219,6 +213,7 @@ def attention_backward(
     # Each head's count of key blocks whose dQ has landed (zeroed by the preprocess), which
     # the postprocess waits on when it overlaps the main kernel.
     dq_ready = torch.empty(batch, heads, dtype=torch.int32, device=q.device)
+    key_blocks = -(-problem.seqlen_k // config.tile_n)
     compiled_backward_preprocess(
         problem.dtype, head_dim, config.tile_m, dq_counters_per_block=per_block if config.dq_first_stores else 0
     )(out, dout, lse, delta, lse_log2, dq_accum, dq_ready, dq_counters if config.dq_first_stores else None)

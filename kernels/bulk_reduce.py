@@ -40,22 +40,3 @@ def bulk_store(smem: cute.Pointer, gmem: cute.Pointer, num_bytes: Int32, *, loc=
     """Issue (one thread) the copy of ``num_bytes`` at ``smem`` to ``gmem``, in the thread's
     current bulk async-group; the same alignment as ``bulk_reduce_add_f32``."""
     _issue("cp.async.bulk.global.shared::cta.bulk_group", smem, gmem, num_bytes, loc, ip)
-
-
-@dsl_user_op
-def bulk_copy_to_cluster(smem: cute.Pointer, peer_smem: Int32, num_bytes: Int32, peer_barrier: Int32, *, loc=None,
-                         ip=None) -> None:
-    """Issue (one thread) the copy of ``num_bytes`` at this CTA's ``smem`` to the
-    shared::cluster address ``peer_smem`` of another CTA, completing that many bytes on its
-    mbarrier at shared::cluster ``peer_barrier`` (whose completion is the only sign that
-    the source has been read). 16-byte aligned, like the rest."""
-    llvm.inline_asm(
-        None,
-        [Int32(peer_smem).ir_value(loc=loc, ip=ip), smem.toint(loc=loc, ip=ip).ir_value(),
-         Int32(num_bytes).ir_value(loc=loc, ip=ip), Int32(peer_barrier).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
-        "r,r,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )

@@ -28,7 +28,7 @@ def mirror_block(n_block, key_blocks):
     return key_blocks - 1 - n_block
 
 
-def query_block_at(step, n_block, m_end, key_blocks, rotate: bool, ctas: int = 1):
+def query_block_at(step, n_block, m_end, key_blocks, rotate: bool):
     """The query block that key block ``n_block`` works on at ``step`` of its walk.
 
     In order, the walk is its query blocks [m_begin, m_end), step == query block. Rotated
@@ -38,17 +38,10 @@ def query_block_at(step, n_block, m_end, key_blocks, rotate: bool, ctas: int = 1
     they would all reach a query block at once, so with ``dq_first_stores`` all but one
     would wait for that one's store to land. (The start's product stays below
     max(m_end, key_blocks): no 32-bit overflow at any length.)
-
-    With ``ctas`` key blocks to a cluster (``cluster_key_blocks``), whose CTAs share each
-    Q and dO tile and so must walk in step, the rotation goes by cluster instead: cluster
-    n // ctas of ceil(key_blocks / ctas) starts where a key block of that rank would.
     """
     m_block = step
     if rotate:
-        walker, walkers = n_block, key_blocks
-        if ctas > 1:
-            walker, walkers = n_block // ctas, cute.ceil_div(key_blocks, ctas)
-        m_block = (step + walker * cutlass.max(m_end // walkers, 1) % m_end) % m_end
+        m_block = (step + n_block * cutlass.max(m_end // key_blocks, 1) % m_end) % m_end
     return m_block
 
 

@@ -487,16 +487,6 @@ class Sm90BackwardConfig:
     # there too (the last after its walk). Same bits as in step (deterministic, a GPU test
     # compares them).
     staggered_warpgroups: bool = False
-    # Unmasked: the CTAs of a cluster of this many adjacent key blocks of a head walk the
-    # same query blocks in step, each loading its share of every Q and dO tile into all of
-    # them by TMA multicast, so that L2 serves a tile once per cluster, not once per key
-    # block. Head dim 256 reads Q and dO, and adds dQ, per 64 keys (twice per key what
-    # 128-key blocks do), and ncu had that kernel bound by L2 (87% of its throughput, H200,
-    # perf/results/h200/2026-11-29-ncu-bwd-d256-full-16k.json). The host launches it only
-    # on an even number of key blocks: every CTA of a cluster has a key block. With the
-    # head-dim split the pair also sums its dQ parts in shared memory before they go to L2
-    # (kernels/dq_pair_sum.py), into the zeroed accumulator (no first stores).
-    cluster_key_blocks: int = 1
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -567,19 +557,6 @@ class Sm90BackwardConfig:
             raise ValueError(
                 "mirror_pairs=True: causal only (unmasked walks are all as long), and not deterministic "
                 "(its turns take the key blocks in grid order)"
-            )
-        if self.cluster_key_blocks not in (1, 2):
-            raise ValueError(f"cluster_key_blocks={self.cluster_key_blocks}: 1, or 2 (a pair of key blocks)")
-        if self.cluster_key_blocks > 1 and (self.causal or self.deterministic):
-            raise ValueError(
-                f"cluster_key_blocks={self.cluster_key_blocks}: unmasked and not deterministic only (causal "
-                "key blocks walk different query blocks; deterministic turns go by key block, not in step)"
-            )
-        if self.cluster_key_blocks > 1 and (not self.head_dim_split or self.dq_first_stores):
-            raise ValueError(
-                f"cluster_key_blocks={self.cluster_key_blocks}: the head-dim split (each CTA of the pair keeps one "
-                f"warpgroup's dQ part) with the zeroed accumulator (a first store would cover one part); got "
-                f"head_dim_split={self.head_dim_split}, dq_first_stores={self.dq_first_stores}"
             )
         if self.smem_bytes() > SM90_SMEM_BYTES:
             raise ValueError(f"{self}: needs {self.smem_bytes()} bytes of shared memory, sm_90 has {SM90_SMEM_BYTES}")

@@ -22,7 +22,6 @@ from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP
 from .bulk_reduce import bulk_reduce_add_f32, bulk_store
 from .bwd_blocks import dq_turn_rank, query_block_at
 from .configs import Sm90BackwardConfig
-from .dq_pair_sum import DQPairSum
 from .memory_pass import FP32_PER_VECTOR
 
 # The producer warpgroup's warp that issues dQ's bulk reductions (warp 0 loads), so the
@@ -46,9 +45,6 @@ class DQReduction:
     # This head's counters: deterministic, its turns, one per query block and part; with
     # dq_first_stores alone, its tickets, one per query block (None otherwise).
     counters: Optional[cute.Tensor]
-    # cluster_key_blocks: this CTA's side of the pair's dQ sum; it reduces the one part
-    # it keeps (None otherwise).
-    pair: Optional[DQPairSum] = None
 
 
 class DQStoreWarp:
@@ -160,7 +156,7 @@ class DQStoreWarp:
                 )
         key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
         for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate, self.config.cluster_key_blocks)
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
             ticket = None
             if cutlass.const_expr(tickets_taken):
                 ticket = self.ticket_for(dq_out, m_block)
@@ -183,22 +179,6 @@ class DQStoreWarp:
                     cute.arch.barrier_arrive(
                         barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
                     )
-
-    @cute.jit
-    def run_kept_part(self, dq_out: DQReduction, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32,
-                      m_end: Int32):
-        """cluster_key_blocks: per query block, wait until the keeper warpgroup has summed
-        the pair's part into its slot, add it into the accumulator, and once the TMA engine
-        has read it, free the slot for the other CTA's sender (kernels/dq_pair_sum.py)."""
-        pair = dq_out.pair
-        key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
-        for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate, self.config.cluster_key_blocks)
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + pair.rank, number_of_threads=DQ_HANDOFF_THREADS)
-            self.add_part(dq_out, pair.rank, n_block, m_block, seqlen_q, seqlen_k, None)
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if cute.arch.lane_idx() == 0:
-                pair.slot_read()
 
     @cute.jit
     def signal_ready(self, ready: cute.Tensor, head: Int32, batch: Int32):

@@ -68,16 +68,13 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..pipelines.global_semaphore import pass_turn, wait_for_turn
 from ..pipelines.named_barriers import NamedBarrier
-from ..pipelines.tma_pipeline import (
-    barrier_words, consumer_state, finish_cluster, finish_init, make_tma_ring, producer_state,
-)
+from ..pipelines.tma_pipeline import barrier_words, consumer_state, finish_init, make_tma_ring, producer_state
 from ..pipelines.warp_roles import THREADS_PER_WARP, THREADS_PER_WARPGROUP, register_budget
 from .bwd_blocks import masked_block_end, mirror_block, query_block_at, query_block_range
 from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
-from .dq_pair_sum import PAIR_BARRIERS, DQPairSum, pair_rank
 from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
@@ -157,8 +154,6 @@ class DQOutputs:
     mdQAccum: cute.Tensor
     mdQCounters: Optional[cute.Tensor]
     mdQReady: Optional[cute.Tensor]
-    # cluster_key_blocks: this CTA's side of the pair's dQ sum (None otherwise).
-    pair: Optional[DQPairSum] = None
 
 
 @dataclass(frozen=True)
@@ -204,8 +199,6 @@ class BackwardOperands:
     sP: Optional[cute.Tensor]
     store_dq: Any
     warpgroup_idx: Int32
-    # cluster_key_blocks: this CTA's side of the pair's dQ sum (None otherwise).
-    dq_pair: Optional[DQPairSum] = None
 
 
 class Sm90BackwardKernel:
@@ -220,7 +213,6 @@ class Sm90BackwardKernel:
         # deterministic mode fixes the order of the additions.
         self.rotate = config.rotate_query_blocks and not config.causal and not config.deterministic
         self.split = config.head_dim_split
-        self.ctas = config.cluster_key_blocks
         self.staggered = config.staggered_warpgroups
         self.ds_stages = BACKWARD_DS_STAGES
         self.consumer_threads = config.consumer_warpgroups * THREADS_PER_WARPGROUP
@@ -302,14 +294,8 @@ class Sm90BackwardKernel:
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
-        # cluster_key_blocks: each CTA of a cluster loads its share of a Q or dO tile into all.
-        load_qdo = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.ctas > 1 else load
-        atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            load_qdo, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim), self.ctas
-        )
-        atom_do, tma_do = cpasync.make_tiled_tma_atom(
-            load_qdo, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim), self.ctas
-        )
+        atom_q, tma_q = cpasync.make_tiled_tma_atom(load, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        atom_do, tma_do = cpasync.make_tiled_tma_atom(load, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
         # A query block's LSE·log2(e) and D come with its Q and dO tiles, on their barriers.
         atom_lse, tma_lse = cpasync.make_tiled_tma_atom(load, mLSELog2, row_layout, (self.tile_m,))
         atom_delta, tma_delta = cpasync.make_tiled_tma_atom(load, mD, row_layout, (self.tile_m,))
@@ -341,7 +327,6 @@ class Sm90BackwardKernel:
             block=[self.budget.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
-            **(dict(cluster=[self.ctas, 1, 1]) if self.ctas > 1 else {}),
         )
 
     def grid_key_blocks(self, mK: cute.Tensor):
@@ -381,8 +366,6 @@ class Sm90BackwardKernel:
         if self.split:
             # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
             fields["sP"] = buffer(sdS_layout)
-        if self.ctas > 1:
-            fields["dq_pair_barriers"] = cute.struct.MemRange[cutlass.Int64, PAIR_BARRIERS]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def row_ring_layout(self, stages: int) -> cute.Layout:
@@ -437,10 +420,8 @@ class Sm90BackwardKernel:
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         rings = BackwardRings(
             kv=make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads),
-            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads,
-                            self.ctas),
-            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads,
-                             self.ctas),
+            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads),
+            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads),
             sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
@@ -451,14 +432,7 @@ class Sm90BackwardKernel:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        pair = None
-        if cutlass.const_expr(self.ctas > 1):
-            pair = DQPairSum(storage.dq_pair_barriers.data_ptr(), storage.sdQ.data_ptr(), pair_rank(),
-                             self.tile_m, self.head_dim // self.config.consumer_warpgroups)
-            if warp_idx == 0:
-                with cute.arch.elect_one():
-                    pair.init_barriers()
-        finish_init(cluster=self.ctas > 1)
+        finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
@@ -479,7 +453,7 @@ class Sm90BackwardKernel:
                     if mirror > n_block:
                         self.produce(loads, rings, heads, mirror, begin, end, kv_state, q_state, do_state)
             if warp_idx == DQ_STORE_WARP:
-                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady, pair)
+                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady)
                 self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, n_block, m_begin, m_end)
                 if cutlass.const_expr(self.config.mirror_pairs):
                     mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
@@ -491,11 +465,9 @@ class Sm90BackwardKernel:
             group = mQ.shape[2] // mK.shape[2]
             kv_head = heads.first // group
             block = KeyBlock(n_block, heads.first, kv_head, heads.first - kv_head * group, batch, seqlen_q, seqlen_k)
-            ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, pair, tidx)
+            ops = self.consumer_operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, rings, sdS, sP, tidx)
             kv_out = KVOutputs(mdK, mdV, atom_dk, atom_dv, mdKVTurns)
             self.consume(ops, rings, sdQ, kv_out, softmax_scale, block, heads.count, m_begin, m_end, tidx)
-        if cutlass.const_expr(self.ctas > 1):
-            finish_cluster()
 
     def mirror_walk(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
         """mirror_pairs: the key block walked after ``n_block``, and its query blocks."""
@@ -534,11 +506,8 @@ class Sm90BackwardKernel:
         dq_counters = None
         if cutlass.const_expr(dq_out.mdQCounters is not None):
             dq_counters = dq_out.mdQCounters[None, head, batch]
-        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters, dq_out.pair)
-        if cutlass.const_expr(dq_out.pair is not None):
-            store_warp.run_kept_part(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
-        else:
-            store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
+        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters)
+        store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
         if cutlass.const_expr(signal and dq_out.mdQReady is not None):
             store_warp.signal_ready(dq_out.mdQReady, head, batch)
 
@@ -573,37 +542,25 @@ class Sm90BackwardKernel:
         rings' states after them."""
         gQ, gdO = (t[None, None, head, batch] for t in (loads.mQ, loads.mdO))
         gLSE, gD = (t[None, head, batch] for t in (loads.mLSELog2, loads.mD))
-        # cluster_key_blocks: this CTA's share of each Q and dO tile goes to every CTA of the
-        # cluster; each loads its own rows' LSE and D (a tile's bytes are counted whole).
-        shared = self.ctas > 1
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) if shared else 0
         for step in cutlass.range(m_begin, m_end, unroll=1):
-            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate, self.ctas)
+            m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
             rings.q.producer_acquire(q_state)
-            self.load_tile(loads.atom_q, rings.sQ[None, None, q_state.index], gQ, self.tile_m, m_block, rings.q, q_state,
-                           rank, shared)
+            self.load_tile(loads.atom_q, rings.sQ[None, None, q_state.index], gQ, self.tile_m, m_block, rings.q, q_state)
             self.load_rows(loads.atom_lse, rings.sLSE[None, q_state.index], gLSE, m_block, rings.q, q_state)
             q_state.advance()
             rings.do.producer_acquire(do_state)
             self.load_tile(loads.atom_do, rings.sdO[None, None, do_state.index], gdO, self.tile_m, m_block, rings.do,
-                           do_state, rank, shared)
+                           do_state)
             self.load_rows(loads.atom_delta, rings.sD[None, do_state.index], gD, m_block, rings.do, do_state)
             do_state.advance()
         return q_state, do_state
 
     @cute.jit
-    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state, rank=0,
-                  shared: cutlass.Constexpr[bool] = False):
+    def load_tile(self, atom, smem, gmem, rows: int, block: Int32, ring, state):
         """TMA of the (rows, head_dim) tile ``block`` of ``gmem`` into ``smem``, counted on
-        ``ring``'s barrier at ``state`` (acquired by the caller); ``shared``: the share of
-        the CTA ranked ``rank`` in its cluster, multicast to all."""
-        if cutlass.const_expr(shared):
-            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block, 0, rank, self.ctas)
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state),
-                      mcast_mask=cutlass.Int16((1 << self.ctas) - 1))
-        else:
-            s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
-            cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
+        ``ring``'s barrier at ``state`` (acquired by the caller)."""
+        s_tile, g_tile = tma_tile(atom, smem, gmem, (rows, self.head_dim), block)
+        cute.copy(atom, g_tile, s_tile, tma_bar_ptr=ring.producer_get_barrier(state))
 
     @cute.jit
     def load_rows(self, atom, smem, gmem, block: Int32, ring, state):
@@ -693,9 +650,9 @@ class Sm90BackwardKernel:
         for part in cutlass.range_constexpr(len(parts)):
             begin, end, masked = parts[part]
             for step in cutlass.range(begin, end, unroll=1):
-                m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate, self.ctas)
+                m_block = query_block_at(step, block.n_block, m_end, key_blocks, self.rotate)
                 self.step(ops, rings, q_state, do_state, sdQ, block, m_block, self.ds_stage(step, ds_offset),
-                          scale_log2, tidx, masked, step == m_begin, self.turn(step, ds_offset) % 2)
+                          scale_log2, tidx, masked, step == m_begin)
                 q_state.advance()
                 do_state.advance()
         if cutlass.const_expr(self.staggered):
@@ -711,16 +668,12 @@ class Sm90BackwardKernel:
                     self.publish_dq(ops)
         return q_state, do_state
 
-    def turn(self, step: Int32, ds_offset: Optional[Int32]) -> Int32:
-        """A walk's step counted on from the earlier walks' (``ds_offset``; None: 0)."""
-        if cutlass.const_expr(ds_offset is not None):
-            step = step + ds_offset
-        return step
-
     def ds_stage(self, step: Int32, ds_offset: Optional[Int32]) -> Int32:
         """The dSᵀ buffer of a walk's step: they take turns by step (not by query block,
         which a rotated walk wraps), from ``ds_offset`` on (None: 0)."""
-        return self.turn(step, ds_offset) % self.ds_stages
+        if cutlass.const_expr(ds_offset is not None):
+            step = step + ds_offset
+        return step % self.ds_stages
 
     def wait_ds_written(self, writer: int) -> None:
         """Staggered: sync until warpgroup ``writer`` has written its rows of the next
@@ -730,7 +683,7 @@ class Sm90BackwardKernel:
     @cute.jit
     def consumer_operands(
         self, tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-        rings: BackwardRings, sdS: cute.Tensor, sP: Optional[cute.Tensor], pair: Optional[DQPairSum], tidx: Int32,
+        rings: BackwardRings, sdS: cute.Tensor, sP: Optional[cute.Tensor], tidx: Int32,
     ) -> BackwardOperands:
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         wg_threads = cute.make_layout(self.config.consumer_warpgroups, stride=THREADS_PER_WARPGROUP)
@@ -781,7 +734,6 @@ class Sm90BackwardKernel:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             ).get_slice(tidx),
             warpgroup_idx=warpgroup_idx,
-            dq_pair=pair,
         )
 
     @cute.jit
@@ -799,11 +751,9 @@ class Sm90BackwardKernel:
         tidx: Int32,
         masked: cutlass.Constexpr[bool],
         first: cutlass.Boolean,
-        parity: Int32,
     ):
         """One query block: Sᵀ and dPᵀ, then P and dS, then the dV, dK and dQ GEMMs.
-        ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step;
-        ``parity``: its turn's (cluster_key_blocks: the phase of the pair's dQ barriers)."""
+        ``ds_stage``: the dSᵀ buffer (see ``ds_stage()``); ``first``: the walk's first step."""
         self.p_and_ds(ops, rings, q_state, do_state, block, m_block, ds_stage, scale_log2, masked, first)
         acc_dq = cute.make_rmem_tensor(ops.dq_shape, Float32)
         if cutlass.const_expr(self.split):
@@ -823,11 +773,8 @@ class Sm90BackwardKernel:
             warpgroup.wait_group(1)
             rings.do.consumer_release(do_state)
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.ctas > 1):
-                self.sum_dq_over_pair(ops, acc_dq, sdQ, parity)
-            else:
-                self.write_dq(ops, acc_dq, sdQ)
-                self.publish_dq(ops)
+            self.write_dq(ops, acc_dq, sdQ)
+            self.publish_dq(ops)
         else:
             dq_stage, dq_due = ds_stage, True
             if cutlass.const_expr(self.staggered):
@@ -969,22 +916,6 @@ class Sm90BackwardKernel:
                     sdQ, cute.make_layout(((rows, parts), self.head_dim), stride=((1, rows * self.head_dim), rows))
                 )
             cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(tile))
-
-    @cute.jit
-    def sum_dq_over_pair(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor, parity: Int32):
-        """cluster_key_blocks: warpgroup w's part of dQ goes to CTA w of the pair, which adds
-        its own and hands the sum to its store warp (kernels/dq_pair_sum.py)."""
-        if ops.warpgroup_idx == ops.dq_pair.rank:
-            ops.dq_pair.keep(acc_dq, parity)
-            self.publish_dq(ops)
-        else:
-            ops.dq_pair.wait_slot_free(parity)
-            cute.copy(ops.store_dq, ops.store_dq.retile(acc_dq), ops.store_dq.partition_D(cute.group_modes(sdQ, 1, 3)))
-            # The TMA engine (async proxy) reads what the threads (generic proxy) wrote.
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_PAIR_WRITTEN), number_of_threads=THREADS_PER_WARPGROUP)
-            if cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP == 0:
-                ops.dq_pair.ship(ops.warpgroup_idx)
 
     @cute.jit
     def write_registers_in_order(self, acc: cute.Tensor, part: cute.Tensor):

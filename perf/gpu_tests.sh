@@ -30,7 +30,6 @@ segments=(
   "deterministic|120|tests/test_bwd_gpu.py -k deterministic"
   "bwdvariants|300|tests/test_bwd_gpu.py -k variants and not transposed"
   "bwdtransposed|240|tests/test_bwd_gpu.py -k transposed and not postprocess"
-  "bwdclusters|240|tests/test_bwd_gpu.py -k key_block_clusters"
   "autograd|240|tests/test_autograd_gpu.py -k not training"
   "training|150|tests/test_autograd_gpu.py -k training -s"
   "fp8|330|tests/test_fp8_gpu.py -k not quantiz and not v_layout and not int8 and not no_bit and not per_tensor_v and not four_warpgroups"

@@ -42,10 +42,6 @@ class NamedBarrier(enum.IntEnum):
     # syncs there before its dQ GEMM reads them (warpgroup 1 at the start of its step,
     # warpgroup 0 before writing its next rows). 256 threads each; 13, 14.
     DS_WRITTEN_0 = 13
-    # Backward with pairs of key blocks summing dQ (kernels/dq_pair_sum.py): the sending
-    # warpgroup's 128 threads have written its part before one of them ships it to the
-    # other CTA.
-    DQ_PAIR_WRITTEN = 15
 
 
 class WarpgroupPingPong:

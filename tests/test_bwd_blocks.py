@@ -94,29 +94,6 @@ def test_rotated_walks_visit_every_query_block_once_and_start_apart(tile_m, tile
             assert len(set(starts)) == key_blocks, (seqlen_q, seqlen_k, starts)
 
 
-@pytest.mark.parametrize("tile_m,tile_n", ((64, 64), (64, 128)))
-def test_clustered_rotated_walks_go_in_step_by_pair_and_pairs_start_apart(tile_m, tile_n):
-    # cluster_key_blocks=2: the two key blocks of a cluster share each Q and dO load, so
-    # their walks must be the same sequence; each is still a permutation of the query
-    # blocks, and the pairs start at different query blocks whenever there are no more
-    # pairs than query blocks.
-    for seqlen_q, seqlen_k in cases():
-        key_blocks = -(-seqlen_k // tile_n)
-        if key_blocks % 2:
-            continue
-        starts = []
-        for pair in range(key_blocks // 2):
-            walks = []
-            for n_block in (2 * pair, 2 * pair + 1):
-                m_begin, m_end = query_block_range(n_block, seqlen_q, seqlen_k, tile_m, tile_n, False)
-                walks.append([query_block_at(step, n_block, m_end, key_blocks, True, 2) for step in range(m_begin, m_end)])
-            assert walks[0] == walks[1], (seqlen_q, seqlen_k, pair, walks)
-            assert sorted(walks[0]) == list(range(-(-seqlen_q // tile_m))), (seqlen_q, seqlen_k, pair)
-            starts.append(walks[0][0])
-        if key_blocks // 2 <= -(-seqlen_q // tile_m):
-            assert len(set(starts)) == key_blocks // 2, (seqlen_q, seqlen_k, starts)
-
-
 def test_rotated_walk_start_fits_32_bits_at_any_length():
     # The start's product n * max(M // N, 1) stays below max(M, N), so the kernel's Int32
     # arithmetic holds up to 2^31 query or key blocks (2^37 tokens at 64-row blocks).

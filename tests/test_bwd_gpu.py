@@ -310,67 +310,6 @@ def test_backward_transposed_dq_variants_match_reference(causal, seqlen_q, seqle
     _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, 128, causal, torch.bfloat16, config)
 
 
-@pytest.mark.parametrize(
-    "seqlen_q,seqlen_k", ((1, 128), (17, 1000), (1000, 1000), (4096, 128), (128, 4096), (777, 333), (333, 4096))
-)
-@pytest.mark.parametrize(
-    "heads,kv_heads,change",
-    (
-        (3, 3, dict()),
-        (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
-        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
-    ),
-    ids=("mha", "gqa2-accumulate", "gqa3-in-cta"),
-)
-def test_backward_key_block_clusters_match_reference(seqlen_q, seqlen_k, heads, kv_heads, change):
-    # Head dim 256 unmasked with pairs of key blocks in a cluster (cluster_key_blocks=2):
-    # Q and dO tiles multicast, the query blocks walked in step (rotated by pair), and each
-    # block's dQ parts summed in the CTA that keeps them before one bulk reduction each.
-    # Ragged queries (1, 17, 333, 777 rows), ragged keys (the last block of 333 and of
-    # 1000 keys part-filled), long walks (4096 queries: 64 steps, each barrier phase
-    # turning 64 times), both GQA schemes (a CTA per kv head walks its group's heads in
-    # turn, the phases running on). Every seqlen_k here makes an even number of 64-key
-    # blocks.
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(
-        backward_config(256, False, kv_heads != heads, seqlen_k=seqlen_k), cluster_key_blocks=2,
-        dq_first_stores=False, **change
-    )
-    _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, 256, False, torch.bfloat16, config)
-
-
-def test_backward_key_block_clusters_in_fp16_match_reference():
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(backward_config(256, False, seqlen_k=2048), cluster_key_blocks=2,
-                                 dq_first_stores=False)
-    _backward_matches_reference(2, 1000, 2048, 4, 4, 256, False, torch.float16, config)
-
-
-def test_backward_key_block_clusters_refuse_an_odd_number_of_key_blocks_before_any_launch():
-    # 1024 keys make 16 blocks of 64, 1088 make 17: the ninth cluster would lack a CTA.
-    import dataclasses
-
-    from flash4 import flash_attn_func
-    from flash4.backward import attention_backward, backward_config
-
-    config = dataclasses.replace(backward_config(256, False, seqlen_k=1088), cluster_key_blocks=2,
-                                 dq_first_stores=False)
-    q = torch.randn(1, 100, 2, 256, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(1, 1088, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    out, lse = flash_attn_func(q, k, v, return_lse=True)
-    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    with pytest.raises(ValueError, match="cluster_key_blocks=2.*17 blocks"):
-        attention_backward(q, k, v, out, torch.randn_like(q), lse, grads=grads, config=config)
-    torch.cuda.synchronize()
-    assert all(g.isnan().all() for g in grads), "a gradient was written before the refusal"
-
-
 @pytest.mark.parametrize("tile_m", (80, 64))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_transposed_dq_deterministic_backward_is_bit_identical(tile_m, causal):
