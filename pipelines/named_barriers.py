@@ -42,6 +42,9 @@ class NamedBarrier(enum.IntEnum):
     # syncs there before its dQ GEMM reads them (warpgroup 1 at the start of its step,
     # warpgroup 0 before writing its next rows). 256 threads each; 13, 14.
     DS_WRITTEN_0 = 13
+    # Backward with dQ written over the Q and dO stage (dq_in_qdo_stages): both consumer
+    # warpgroups' dK and dV GEMMs on the stage are done, so it may take dQ. 256 threads.
+    QDO_READ = 15
 
 
 class WarpgroupPingPong:

@@ -211,7 +211,9 @@ def test_each_kernels_named_barriers_differ_and_fit_the_hardware():
     from flash4.pipelines.named_barriers import HARDWARE_BARRIERS, NamedBarrier as B
 
     forward = [B.EPILOGUE] + [B.WARPGROUP_TURN_0 + w for w in range(4)] + [B.EPILOGUE_WARPGROUP_0 + w for w in range(4)]
-    backward = [B.EPILOGUE, B.DS_TILE] + [first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)]
+    backward = [B.EPILOGUE, B.DS_TILE, B.QDO_READ] + [
+        first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)
+    ]
     for ids in (forward, backward):
         assert len(set(ids)) == len(ids) and 0 < min(ids) and max(ids) < HARDWARE_BARRIERS
 
