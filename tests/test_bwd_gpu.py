@@ -240,6 +240,23 @@ def test_staggered_backward_has_the_bits_of_in_step(head_dim, causal, heads, kv_
         assert torch.equal(a, b), f"{name}: staggered differs from in step"
 
 
+def _deterministic_runs_agree(heads, kv_heads, head_dim, causal, config=None) -> None:
+    """Two deterministic backward runs (``config``: a candidate's kernel instead of the
+    selector's) on the many-adders inputs: the same bits, and the rule of DESIGN.md."""
+    from flash4.backward import attention_backward
+
+    q, k, v, out, dout, lse = _many_adders_inputs(heads, kv_heads, head_dim, causal)
+    runs = []
+    for _ in range(2):
+        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
+                                       config=config))
+    torch.cuda.synchronize()
+    for name, first, second in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
+    _check_against_reference(q, k, v, dout, causal, runs[0])
+
+
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 @pytest.mark.parametrize("seqlen_q", (17, 1000))
@@ -260,23 +277,7 @@ def test_long_rows_zeroed_accumulator_matches_reference(head_dim, causal, seqlen
 def test_deterministic_backward_is_bit_identical(head_dim, causal, heads, kv_heads):
     # Many key blocks add into each query block's dQ (1000 keys), and under GQA four query
     # heads into each dK, dV: the orders that deterministic mode fixes.
-    from flash4.backward import attention_backward
-
-    q, k, v, out, dout, lse = _many_adders_inputs(heads, kv_heads, head_dim, causal)
-    runs = []
-    for _ in range(2):
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True))
-    torch.cuda.synchronize()
-    for name, first, second in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
-
-    out_ref, lse_ref = reference.attention(q, k, v, causal=causal)
-    expected = reference.attention_backward(q, k, v, out_ref, dout, lse_ref, causal=causal)
-    baseline = reference.attention_backward_in_dtype(q, k, v, dout, causal=causal)
-    for name, got, want, torch_grad in zip(("dq", "dk", "dv"), runs[0], expected, baseline):
-        bound = 2 * _max_err(torch_grad, want) + ABS_SLACK
-        assert _max_err(got, want) <= bound, f"{name}: error {_max_err(got, want):.3g} > {bound:.3g}"
+    _deterministic_runs_agree(heads, kv_heads, head_dim, causal)
 
 
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
@@ -344,21 +345,12 @@ def test_backward_dq_in_qdo_stages_variants_match_reference(causal, seqlen_q, se
 def test_dq_in_qdo_stages_deterministic_backward_is_bit_identical(causal):
     import dataclasses
 
-    from flash4.backward import attention_backward, backward_config
+    from flash4.backward import backward_config
 
-    q, k, v, out, dout, lse = _many_adders_inputs(4, 4, 256, causal)
     config = dataclasses.replace(
         backward_config(256, causal, False, True, seqlen_k=1000), dq_in_qdo_stages=True, q_stages=2, do_stages=2
     )
-    runs = []
-    for _ in range(2):
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
-                                       config=config))
-    torch.cuda.synchronize()
-    for name, first, second in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
-    _check_against_reference(q, k, v, dout, causal, runs[0])
+    _deterministic_runs_agree(4, 4, 256, causal, config)
 
 
 @pytest.mark.parametrize("tile_m", (80, 64))
@@ -367,21 +359,12 @@ def test_transposed_dq_deterministic_backward_is_bit_identical(tile_m, causal):
     # Deterministic turns over the transposed parts: two runs, the same bits, and the rule.
     import dataclasses
 
-    from flash4.backward import attention_backward, backward_config
+    from flash4.backward import backward_config
 
-    q, k, v, out, dout, lse = _many_adders_inputs(4, 4, 128, causal)
     config = dataclasses.replace(
         backward_config(128, causal, False, True, seqlen_k=1000), dq_transposed=True, tile_m=tile_m
     )
-    runs = []
-    for _ in range(2):
-        grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-        runs.append(attention_backward(q, k, v, out, dout, lse, causal=causal, grads=grads, deterministic=True,
-                                       config=config))
-    torch.cuda.synchronize()
-    for name, first, second in zip(("dq", "dk", "dv"), *runs):
-        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
-    _check_against_reference(q, k, v, dout, causal, runs[0])
+    _deterministic_runs_agree(4, 4, 128, causal, config)
 
 
 @pytest.mark.parametrize(
