@@ -37,6 +37,9 @@ At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per 
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
 queries of Sᵀ and dPᵀ and the head-dim columns of dV, dK and dQ, and Pᵀ joins dSᵀ in
 shared memory, where each warpgroup's dV and dK GEMMs read all queries of both (SS).
+A warpgroup's dQ part then has a 16-bit Q tile's bytes, so (``dq_in_qdo_stages``) it can
+be written over the Q or dO stage its step read, the store warp freeing the stage once
+the part has left: Q and dO get two stages in the shared memory the dQ tile took.
 
 The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
 rowsum(dO ∘ O) and lse_log2 = LSE · log2(e), padded with +inf so that rows past seqlen_q
