@@ -45,6 +45,9 @@ BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
 # their dQ GEMMs, so one may still read a block's tile while the other writes the next.
 BACKWARD_DS_STAGES = 2
+# dq_in_qdo_stages hands each Q and dO stage's dQ parts over on a DQ_FULL pair of its own,
+# and the 16 named barriers leave room for two pairs (pipelines/named_barriers.py).
+DQ_IN_QDO_MAX_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -556,11 +559,13 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows or self.dq_transposed) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
-        if self.dq_in_qdo_stages and (not self.head_dim_split or self.q_stages != self.do_stages):
+        if self.dq_in_qdo_stages and (
+            not self.head_dim_split or self.q_stages != self.do_stages or self.q_stages > DQ_IN_QDO_MAX_STAGES
+        ):
             raise ValueError(
                 f"dq_in_qdo_stages=True: the head-dim split (each warpgroup's dQ part is as large as a Q or dO "
-                f"tile) with as many Q as dO stages; got head_dim_split={self.head_dim_split}, "
-                f"q_stages={self.q_stages}, do_stages={self.do_stages}"
+                f"tile) with as many Q as dO stages, at most {DQ_IN_QDO_MAX_STAGES}; got "
+                f"head_dim_split={self.head_dim_split}, q_stages={self.q_stages}, do_stages={self.do_stages}"
             )
         if self.kv_group_in_cta and (self.kv_accumulate or self.deterministic):
             raise ValueError(

@@ -33,6 +33,15 @@ DQ_STORE_WARP = 1
 DQ_HANDOFF_THREADS = THREADS_PER_WARPGROUP + THREADS_PER_WARP
 
 
+def dq_full_barrier(part, parts: int, stage=None):
+    """The named barrier on which dQ part ``part`` is handed to the store warp; with
+    dq_in_qdo_stages, ``stage`` (the Q and dO stage the part lies over) picks the pair."""
+    first = int(NamedBarrier.DQ_FULL_0) + part
+    if stage is None:
+        return first
+    return first + parts * stage
+
+
 @dataclass(frozen=True)
 class DQReduction:
     """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
@@ -177,14 +186,14 @@ class DQStoreWarp:
                 ticket = self.ticket_for(dq_out, m_block)
             for i in cutlass.range_constexpr(parts):
                 part = self.hand_over_order[i]
-                cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
+                stage = None
+                if cutlass.const_expr(in_stages):
+                    stage = q_state.index
+                cute.arch.barrier(barrier_id=dq_full_barrier(part, parts, stage), number_of_threads=DQ_HANDOFF_THREADS)
                 if cutlass.const_expr(tickets_taken and i == 0):
                     # A later ticket adds once the first holder's stores have landed.
                     if lane == 0 and ticket != 0:
                         wait_until_landed(dq_out.counters.iterator + m_block)
-                stage = None
-                if cutlass.const_expr(in_stages):
-                    stage = q_state.index
                 self.add_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket, stage)
             if cutlass.const_expr(tickets_taken):
                 if ticket == 0:

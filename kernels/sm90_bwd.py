@@ -78,7 +78,7 @@ from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
-from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
+from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp, dq_full_barrier
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
@@ -823,6 +823,7 @@ class Sm90BackwardKernel:
                 # are done: dQ's parts go over it, and the store warp frees it.
                 cute.arch.barrier(barrier_id=int(NamedBarrier.QDO_READ), number_of_threads=self.consumer_threads)
                 self.write_dq(ops, acc_dq, sdQ[None, None, None, q_state.index])
+                self.publish_dq(ops, q_state.index)
             else:
                 warpgroup.wait_group(2)
                 rings.q.consumer_release(q_state)
@@ -830,7 +831,7 @@ class Sm90BackwardKernel:
                 rings.do.consumer_release(do_state)
                 warpgroup.wait_group(0)
                 self.write_dq(ops, acc_dq, sdQ)
-            self.publish_dq(ops)
+                self.publish_dq(ops)
         else:
             dq_stage, dq_due = ds_stage, True
             if cutlass.const_expr(self.staggered):
@@ -991,13 +992,14 @@ class Sm90BackwardKernel:
         cute.copy(store, cute.make_tensor(acc.iterator, cute.make_layout(slots.shape)), slots)
 
     @cute.jit
-    def publish_dq(self, ops: BackwardOperands):
+    def publish_dq(self, ops: BackwardOperands, stage: Optional[Int32] = None):
         """Hand the part write_dq wrote over to the store warp (kernels/dq_store_warp.py),
         which issues its bulk reduction; the TMA engine (async proxy) reads what the threads
-        (generic proxy) wrote."""
+        (generic proxy) wrote. ``stage``: the Q and dO stage it lies over (dq_in_qdo_stages)."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
-            barrier_id=int(NamedBarrier.DQ_FULL_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
+            barrier_id=dq_full_barrier(ops.warpgroup_idx, self.config.consumer_warpgroups, stage),
+            number_of_threads=DQ_HANDOFF_THREADS,
         )
 
     @staticmethod

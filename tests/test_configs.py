@@ -174,6 +174,11 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_on_a_full_grid_causal_onl
         # Head dim 256 with two Q stages: the fp32 dQ tile leaves no room.
         (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True),
          "bytes of shared memory"),
+        # dQ over the Q and dO stages: a DQ_FULL pair per stage, two pairs of named barriers.
+        (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=3, do_stages=3, head_dim_split=True,
+              dq_in_qdo_stages=True), "dq_in_qdo_stages=True: .*at most 2; .*q_stages=3"),
+        (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True,
+              dq_in_qdo_stages=True), "dq_in_qdo_stages=True: .*as many Q as dO stages"),
     ],
 )
 def test_invalid_backward_configs_name_the_field(fields, message):
