@@ -45,9 +45,6 @@ BACKWARD_CONSUMER_WARPGROUPS = 2
 # The backward's dSᵀ (and head-dim split's Pᵀ) buffers: the warpgroups do not meet after
 # their dQ GEMMs, so one may still read a block's tile while the other writes the next.
 BACKWARD_DS_STAGES = 2
-# dq_in_qdo_stages hands each Q and dO stage's dQ parts over on a DQ_FULL pair of its own,
-# and the 16 named barriers leave room for two pairs (pipelines/named_barriers.py).
-DQ_IN_QDO_MAX_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -490,14 +487,6 @@ class Sm90BackwardConfig:
     # there too (the last after its walk). Same bits as in step (deterministic, a GPU test
     # compares them).
     staggered_warpgroups: bool = False
-    # Head-dim split: each warpgroup writes its fp32 part of dQ (as many bytes as a 16-bit
-    # Q or dO tile) over the Q and dO stage its step read, warpgroup 0 over Q's and 1 over
-    # dO's, once both warpgroups' dK and dV GEMMs on it are done; the store warp frees the
-    # stage after its bulk reductions have read it. No dQ tile of its own (64 KiB at head
-    # dim 256), so Q and dO take two stages each and the next block's tiles load under this
-    # one's GEMMs: with one stage, waiting for Q took 12% of the consumers' stall samples
-    # (ncu, H100, head dim 256, 16k, perf/results/h100/2026-12-06-ncu-bwd-d256-full-16k.json).
-    dq_in_qdo_stages: bool = False
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -523,7 +512,7 @@ class Sm90BackwardConfig:
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         rings = (self.q_stages + self.do_stages) * (self.tile_m * self.head_dim * elem_bytes + self.row_stage_bytes)
         ds = (2 if self.head_dim_split else 1) * BACKWARD_DS_STAGES * self.tile_n * self.tile_m * elem_bytes
-        dq = 0 if self.dq_in_qdo_stages else self.tile_m * self.head_dim * FP32_BYTES
+        dq = self.tile_m * self.head_dim * FP32_BYTES
         return kv + rings + ds + dq + BARRIER_BYTES
 
     def __post_init__(self) -> None:
@@ -559,14 +548,6 @@ class Sm90BackwardConfig:
             )
         if not (self.head_dim_split or self.dq_rows or self.dq_transposed) and self.tile_m % ROWS_PER_CONSUMER_WARPGROUP:
             raise ValueError(f"tile_m={self.tile_m}: dQ's wgmmas take 64 query rows each, so a multiple of 64")
-        if self.dq_in_qdo_stages and (
-            not self.head_dim_split or self.q_stages != self.do_stages or self.q_stages > DQ_IN_QDO_MAX_STAGES
-        ):
-            raise ValueError(
-                f"dq_in_qdo_stages=True: the head-dim split (each warpgroup's dQ part is as large as a Q or dO "
-                f"tile) with as many Q as dO stages, at most {DQ_IN_QDO_MAX_STAGES}; got "
-                f"head_dim_split={self.head_dim_split}, q_stages={self.q_stages}, do_stages={self.do_stages}"
-            )
         if self.kv_group_in_cta and (self.kv_accumulate or self.deterministic):
             raise ValueError(
                 "kv_group_in_cta=True: not with kv_accumulate (dK and dV have one writer) nor deterministic "

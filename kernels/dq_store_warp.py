@@ -10,7 +10,7 @@ without it by tickets (pipelines/global_semaphore.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -33,15 +33,6 @@ DQ_STORE_WARP = 1
 DQ_HANDOFF_THREADS = THREADS_PER_WARPGROUP + THREADS_PER_WARP
 
 
-def dq_full_barrier(part, parts: int, stage=None):
-    """The named barrier on which dQ part ``part`` is handed to the store warp; with
-    dq_in_qdo_stages, ``stage`` (the Q and dO stage the part lies over) picks the pair."""
-    first = int(NamedBarrier.DQ_FULL_0) + part
-    if stage is None:
-        return first
-    return first + parts * stage
-
-
 @dataclass(frozen=True)
 class DQReduction:
     """dQ's way out: the fp32 tile in shared memory, one part per consumer warpgroup, that
@@ -54,10 +45,6 @@ class DQReduction:
     # This head's counters: deterministic, its turns, one per query block and part; with
     # dq_first_stores alone, its tickets, one per query block (None otherwise).
     counters: Optional[cute.Tensor]
-    # dq_in_qdo_stages: the Q and dO rings whose stages hold the parts (``smem`` then has a
-    # last mode of stages); this warp frees each stage once its reductions have read it.
-    q_ring: Any = None
-    do_ring: Any = None
 
 
 class DQStoreWarp:
@@ -76,7 +63,7 @@ class DQStoreWarp:
 
     @cute.jit
     def add_part(self, dq_out: DQReduction, part, n_block: Int32, m_block: Int32, seqlen_q: Int32,
-                 seqlen_k: Int32, ticket: Optional[Int32], stage: Optional[Int32] = None):
+                 seqlen_k: Int32, ticket: Optional[Int32]):
         """One warp (lane 0 issues): the bulk reduction of dQ part ``part`` of query block
         ``m_block`` into the accumulator, where that part's place is the next
         ``part_floats`` values after the earlier parts and blocks.
@@ -86,8 +73,7 @@ class DQStoreWarp:
         read: a turn counter per part reaches this block's rank when it may go.
 
         dq_first_stores: the first contribution (rank 0, or the block's ``ticket`` 0, see
-        ``run``) stores instead of adding, into an accumulator nobody zeroed. ``stage``:
-        the Q and dO stage the part lies over (dq_in_qdo_stages)."""
+        ``run``) stores instead of adding, into an accumulator nobody zeroed."""
         parts = self.config.consumer_warpgroups
         counter = m_block * parts + part
         lane = cute.arch.lane_idx()
@@ -102,10 +88,7 @@ class DQStoreWarp:
             first = ticket == 0
         part_floats = self.tile_m * self.head_dim // parts
         if lane == 0:
-            if cutlass.const_expr(stage is not None):
-                smem = dq_out.smem[None, None, part, stage].iterator
-            else:
-                smem = dq_out.smem[None, None, part].iterator
+            smem = dq_out.smem[None, None, part].iterator
             gmem = dq_out.accum.iterator + (m_block * parts + part) * part_floats
             part_bytes = part_floats * (Float32.width // 8)
             if cutlass.const_expr(self.config.dq_first_stores):
@@ -154,30 +137,23 @@ class DQStoreWarp:
 
     @cute.jit
     def run(self, dq_out: DQReduction, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32,
-            m_end: Int32, q_state=None, do_state=None):
+            m_end: Int32):
         """The dQ store warp: per query block and part, wait until the
         warpgroup has written its part, add (or first store) it into the accumulator, and
         once the TMA engine has read every part, let the warpgroups write the next block's.
         The first block's parts are free from the start; after the last, nothing waits for
-        them, so the last read is awaited only for shared memory to outlive it.
-
-        dq_in_qdo_stages: the parts lie over the Q and dO stage at ``q_state`` and
-        ``do_state`` (this warp's places in those rings), which it frees once read; the
-        warpgroups wait for nothing else before writing the next block's. Returns the
-        states after the walk."""
-        in_stages = self.config.dq_in_qdo_stages
+        them, so the last read is awaited only for shared memory to outlive it."""
         parts = self.config.consumer_warpgroups
         tickets_taken = self.config.dq_first_stores and not self.config.deterministic
         lane = cute.arch.lane_idx()
         if cutlass.const_expr(self.config.dq_first_stores and self.causal):
             if n_block == 0:
                 self.zero_unseen(dq_out, m_begin)
-        if cutlass.const_expr(not in_stages):
-            if m_begin < m_end:
-                for part in cutlass.range_constexpr(parts):
-                    cute.arch.barrier_arrive(
-                        barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
-                    )
+        if m_begin < m_end:
+            for part in cutlass.range_constexpr(parts):
+                cute.arch.barrier_arrive(
+                    barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
+                )
         key_blocks = cute.ceil_div(seqlen_k, self.tile_n)
         for step in cutlass.range(m_begin, m_end, unroll=1):
             m_block = query_block_at(step, n_block, m_end, key_blocks, self.rotate)
@@ -186,34 +162,23 @@ class DQStoreWarp:
                 ticket = self.ticket_for(dq_out, m_block)
             for i in cutlass.range_constexpr(parts):
                 part = self.hand_over_order[i]
-                stage = None
-                if cutlass.const_expr(in_stages):
-                    stage = q_state.index
-                cute.arch.barrier(barrier_id=dq_full_barrier(part, parts, stage), number_of_threads=DQ_HANDOFF_THREADS)
+                cute.arch.barrier(barrier_id=int(NamedBarrier.DQ_FULL_0) + part, number_of_threads=DQ_HANDOFF_THREADS)
                 if cutlass.const_expr(tickets_taken and i == 0):
                     # A later ticket adds once the first holder's stores have landed.
                     if lane == 0 and ticket != 0:
                         wait_until_landed(dq_out.counters.iterator + m_block)
-                self.add_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket, stage)
+                self.add_part(dq_out, part, n_block, m_block, seqlen_q, seqlen_k, ticket)
             if cutlass.const_expr(tickets_taken):
                 if ticket == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if lane == 0:
                         announce_landed(dq_out.counters.iterator + m_block)
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if cutlass.const_expr(in_stages):
-                # The TMA engine has read both parts: the producer may load the stage again.
-                dq_out.q_ring.consumer_release(q_state)
-                dq_out.do_ring.consumer_release(do_state)
-                q_state.advance()
-                do_state.advance()
-            else:
-                if step + 1 < m_end:
-                    for part in cutlass.range_constexpr(parts):
-                        cute.arch.barrier_arrive(
-                            barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
-                        )
-        return q_state, do_state
+            if step + 1 < m_end:
+                for part in cutlass.range_constexpr(parts):
+                    cute.arch.barrier_arrive(
+                        barrier_id=int(NamedBarrier.DQ_EMPTY_0) + part, number_of_threads=DQ_HANDOFF_THREADS
+                    )
 
     @cute.jit
     def signal_ready(self, ready: cute.Tensor, head: Int32, batch: Int32):

@@ -37,9 +37,6 @@ At head dim 256 a warpgroup's dK and dV of 64 keys would take 256 registers per 
 there (``head_dim_split``) the CTA owns 64 keys, shared by both warpgroups: they split the
 queries of Sᵀ and dPᵀ and the head-dim columns of dV, dK and dQ, and Pᵀ joins dSᵀ in
 shared memory, where each warpgroup's dV and dK GEMMs read all queries of both (SS).
-A warpgroup's dQ part then has a 16-bit Q tile's bytes, so (``dq_in_qdo_stages``) it can
-be written over the Q or dO stage its step read, the store warp freeing the stage once
-the part has left: Q and dO get two stages in the shared memory the dQ tile took.
 
 The preprocess (kernels/sm90_bwd_preprocess.py) supplies D =
 rowsum(dO ∘ O) and lse_log2 = LSE · log2(e), padded with +inf so that rows past seqlen_q
@@ -78,7 +75,7 @@ from .configs import (
     BACKWARD_DS_STAGES, FP32_BYTES, ROWS_PER_CONSUMER_WARPGROUP, SMEM_ALIGN_BYTES, TMA_SMEM_ALIGN_BYTES,
     Sm90BackwardConfig,
 )
-from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp, dq_full_barrier
+from .dq_store_warp import DQ_HANDOFF_THREADS, DQ_STORE_WARP, DQReduction, DQStoreWarp
 from .memory_pass import FP32_PER_VECTOR
 from .mma_layouts import a_operand_as_acc, acc_as_a_operand, acc_rows_cols
 from .packed_convert import convert_packed
@@ -157,9 +154,6 @@ class DQOutputs:
     mdQAccum: cute.Tensor
     mdQCounters: Optional[cute.Tensor]
     mdQReady: Optional[cute.Tensor]
-    # The Q and dO rings, whose stages dQ's parts lie over with dq_in_qdo_stages.
-    q_ring: Any = None
-    do_ring: Any = None
 
 
 @dataclass(frozen=True)
@@ -296,14 +290,6 @@ class Sm90BackwardKernel:
         dq = self.config.dq_tile_geometry
         tile_layout = register_order_tile_layout if dq.transposed else accumulator_tile_layout
         sdQ_layout = tile_layout(dq.part_rows, dq.part_cols, wgs)
-        if cutlass.const_expr(self.config.dq_in_qdo_stages):
-            # Part 0 over a Q stage, part 1 over the dO stage of the same index, whose buffer
-            # follows Q's (shared_storage); strides in floats.
-            tile_floats = self.tile_m * self.head_dim * (self.dtype.width // 8) // FP32_BYTES
-            sdQ_layout = accumulator_tile_layout(
-                dq.part_rows, dq.part_cols, wgs, stage_stride=self.config.q_stages * tile_floats,
-                buffers=self.config.q_stages, buffer_stride=tile_floats,
-            )
         row_layout = cute.make_layout(self.tile_m)
 
         load = cpasync.CopyBulkTensorTileG2SOp()
@@ -380,28 +366,7 @@ class Sm90BackwardKernel:
         if self.split:
             # Pᵀ, keys x queries like dSᵀ: the head-dim split's dV GEMM reads it here.
             fields["sP"] = buffer(sdS_layout)
-        if self.config.dq_in_qdo_stages:
-            # One buffer, dO's stages after Q's, that dQ's parts are written over.
-            del fields["sQ"], fields["sdO"], fields["sdQ"]
-            fields["sQdO"] = cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout) + cute.cosize(sdO_layout)], SMEM_ALIGN_BYTES
-            ]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-    def q_do_dq_buffers(self, storage, sQ_layout, sdO_layout, sdQ_layout):
-        """The Q and dO rings' tiles and dQ's fp32 tile: three buffers, or (dq_in_qdo_stages)
-        one, dO's stages after Q's and dQ's parts over both."""
-        if cutlass.const_expr(self.config.dq_in_qdo_stages):
-            base = storage.sQdO.data_ptr()
-            sQ = cute.make_tensor(cute.recast_ptr(base, sQ_layout.inner, dtype=self.dtype), sQ_layout.outer)
-            sdO = cute.make_tensor(
-                cute.recast_ptr(base + cute.cosize(sQ_layout), sdO_layout.inner, dtype=self.dtype), sdO_layout.outer
-            )
-            sdQ = cute.make_tensor(cute.recast_ptr(base, sdQ_layout.inner, dtype=Float32), sdQ_layout.outer)
-            return sQ, sdO, sdQ
-        return (storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
-                storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
-                storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner))
 
     def row_ring_layout(self, stages: int) -> cute.Layout:
         """An LSE or D ring: ``stages`` of ``tile_m`` values, each stage TMA-aligned."""
@@ -453,16 +418,12 @@ class Sm90BackwardKernel:
             # Key blocks last to first (see bwd_blocks.dq_turn_rank).
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sQ, sdO, sdQ = self.q_do_dq_buffers(storage, sQ_layout, sdO_layout, sdQ_layout)
-        # dq_in_qdo_stages: the store warp frees a Q and dO stage, once dQ's parts over it
-        # have been read, not the consumers.
-        qdo_readers = THREADS_PER_WARP if self.config.dq_in_qdo_stages else self.consumer_threads
         rings = BackwardRings(
             kv=make_tma_ring(storage.kv_barriers.data_ptr(), 1, self.kv_bytes, self.consumer_threads),
-            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, qdo_readers),
-            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, qdo_readers),
-            sQ=sQ,
-            sdO=sdO,
+            q=make_tma_ring(storage.q_barriers.data_ptr(), self.config.q_stages, self.q_bytes, self.consumer_threads),
+            do=make_tma_ring(storage.do_barriers.data_ptr(), self.config.do_stages, self.q_bytes, self.consumer_threads),
+            sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
             sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sV=storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             sLSE=storage.sLSE.get_tensor(self.row_ring_layout(self.config.q_stages)),
@@ -470,6 +431,7 @@ class Sm90BackwardKernel:
         )
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner) if self.split else None
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         finish_init()
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
@@ -491,16 +453,12 @@ class Sm90BackwardKernel:
                     if mirror > n_block:
                         self.produce(loads, rings, heads, mirror, begin, end, kv_state, q_state, do_state)
             if warp_idx == DQ_STORE_WARP:
-                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady, rings.q, rings.do)
-                # Its places in the Q and dO rings (used with dq_in_qdo_stages).
-                q_state = consumer_state(self.config.q_stages)
-                do_state = consumer_state(self.config.do_stages)
-                q_state, do_state = self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, n_block, m_begin, m_end,
-                                                         q_state, do_state)
+                dq_out = DQOutputs(sdQ, mdQAccum, mdQCounters, mdQReady)
+                self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, n_block, m_begin, m_end)
                 if cutlass.const_expr(self.config.mirror_pairs):
                     mirror, begin, end = self.mirror_walk(n_block, seqlen_q, seqlen_k)
                     if mirror > n_block:
-                        self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, mirror, begin, end, q_state, do_state)
+                        self.store_key_block(dq_out, heads, seqlen_q, seqlen_k, mirror, begin, end)
         else:
             cute.arch.setmaxregister_increase(self.budget.consumer)
             tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
@@ -518,23 +476,20 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def store_key_block(self, dq_out: DQOutputs, heads: QueryHeads, seqlen_q: Int32, seqlen_k: Int32, n_block: Int32,
-                        m_begin: Int32, m_end: Int32, q_state, do_state):
+                        m_begin: Int32, m_end: Int32):
         """The store warp's work for one key block: each walked head's dQ, then the
-        postprocess's count; returns its places in the Q and dO rings after them."""
+        postprocess's count."""
         store_warp = DQStoreWarp(self.config, self.rotate)
         walk = (n_block, seqlen_q, seqlen_k, m_begin, m_end)
         if cutlass.const_expr(self.config.kv_group_in_cta):
             for g in cutlass.range(heads.count, unroll=1):
-                q_state, do_state = self.store_dq(store_warp, dq_out, heads.first + g, heads.batch, *walk, q_state,
-                                                  do_state, signal=False)
+                self.store_dq(store_warp, dq_out, heads.first + g, heads.batch, *walk, signal=False)
             # Counted once every walk is done: between two walks the wait for the
             # landing would hold back the next head's first dQ hand-over.
             if cutlass.const_expr(dq_out.mdQReady is not None):
                 self.signal_walks(dq_out.mdQReady, heads)
         else:
-            q_state, do_state = self.store_dq(store_warp, dq_out, heads.first, heads.batch, *walk, q_state, do_state,
-                                              signal=True)
-        return q_state, do_state
+            self.store_dq(store_warp, dq_out, heads.first, heads.batch, *walk, signal=True)
 
     @cute.jit
     def signal_walks(self, mdQReady: cute.Tensor, heads: QueryHeads):
@@ -545,20 +500,16 @@ class Sm90BackwardKernel:
 
     @cute.jit
     def store_dq(self, store_warp: DQStoreWarp, dq_out: DQOutputs, head: Int32, batch: Int32, n_block: Int32,
-                 seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32, m_end: Int32, q_state, do_state,
-                 signal: cutlass.Constexpr[bool]):
+                 seqlen_q: Int32, seqlen_k: Int32, m_begin: Int32, m_end: Int32, signal: cutlass.Constexpr[bool]):
         """The store warp's work for one query head's walk over this key block; with
-        ``signal``, its count for the postprocess after it. Returns its places in the Q
-        and dO rings after the walk."""
+        ``signal``, its count for the postprocess after it."""
         dq_counters = None
         if cutlass.const_expr(dq_out.mdQCounters is not None):
             dq_counters = dq_out.mdQCounters[None, head, batch]
-        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters, dq_out.q_ring,
-                                dq_out.do_ring)
-        q_state, do_state = store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end, q_state, do_state)
+        reduction = DQReduction(dq_out.sdQ, dq_out.mdQAccum[None, None, head, batch], dq_counters)
+        store_warp.run(reduction, n_block, seqlen_q, seqlen_k, m_begin, m_end)
         if cutlass.const_expr(signal and dq_out.mdQReady is not None):
             store_warp.signal_ready(dq_out.mdQReady, head, batch)
-        return q_state, do_state
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -817,21 +768,13 @@ class Sm90BackwardKernel:
                 False,
             )
             self.dq_gemm(ops, acc_dq, ds_stage)
-            if cutlass.const_expr(self.config.dq_in_qdo_stages):
-                warpgroup.wait_group(0)
-                # Both warpgroups' dK and dV GEMMs, the last readers of this Q and dO stage,
-                # are done: dQ's parts go over it, and the store warp frees it.
-                cute.arch.barrier(barrier_id=int(NamedBarrier.QDO_READ), number_of_threads=self.consumer_threads)
-                self.write_dq(ops, acc_dq, sdQ[None, None, None, q_state.index])
-                self.publish_dq(ops, q_state.index)
-            else:
-                warpgroup.wait_group(2)
-                rings.q.consumer_release(q_state)
-                warpgroup.wait_group(1)
-                rings.do.consumer_release(do_state)
-                warpgroup.wait_group(0)
-                self.write_dq(ops, acc_dq, sdQ)
-                self.publish_dq(ops)
+            warpgroup.wait_group(2)
+            rings.q.consumer_release(q_state)
+            warpgroup.wait_group(1)
+            rings.do.consumer_release(do_state)
+            warpgroup.wait_group(0)
+            self.write_dq(ops, acc_dq, sdQ)
+            self.publish_dq(ops)
         else:
             dq_stage, dq_due = ds_stage, True
             if cutlass.const_expr(self.staggered):
@@ -958,11 +901,10 @@ class Sm90BackwardKernel:
     def write_dq(self, ops: BackwardOperands, acc_dq: cute.Tensor, sdQ: cute.Tensor):
         """This thread's dQ into its warpgroup's part (columns, or rows) of the shared-memory
         tile, seen whole: (tile_m, head_dim); transposed, its registers in order."""
-        if cutlass.const_expr(not self.config.dq_in_qdo_stages):
-            # The TMA engine has read this part's previous dQ (the store warp's arrive).
-            cute.arch.barrier(
-                barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
-            )
+        # The TMA engine has read this part's previous dQ (the store warp's arrive).
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrier.DQ_EMPTY_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
+        )
         if cutlass.const_expr(self.config.dq_transposed):
             self.write_registers_in_order(acc_dq, sdQ[None, None, ops.warpgroup_idx])
         else:
@@ -992,14 +934,13 @@ class Sm90BackwardKernel:
         cute.copy(store, cute.make_tensor(acc.iterator, cute.make_layout(slots.shape)), slots)
 
     @cute.jit
-    def publish_dq(self, ops: BackwardOperands, stage: Optional[Int32] = None):
+    def publish_dq(self, ops: BackwardOperands):
         """Hand the part write_dq wrote over to the store warp (kernels/dq_store_warp.py),
         which issues its bulk reduction; the TMA engine (async proxy) reads what the threads
-        (generic proxy) wrote. ``stage``: the Q and dO stage it lies over (dq_in_qdo_stages)."""
+        (generic proxy) wrote."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
-            barrier_id=dq_full_barrier(ops.warpgroup_idx, self.config.consumer_warpgroups, stage),
-            number_of_threads=DQ_HANDOFF_THREADS,
+            barrier_id=int(NamedBarrier.DQ_FULL_0) + ops.warpgroup_idx, number_of_threads=DQ_HANDOFF_THREADS
         )
 
     @staticmethod

@@ -28,8 +28,7 @@ def smem_tile_layout(dtype: Type[cutlass.Numeric], rows: int, cols: int, stages:
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
 
-def accumulator_tile_layout(rows: int, cols: int, stages: int, *, stage_stride: int | None = None,
-                            buffers: int | None = None, buffer_stride: int | None = None):
+def accumulator_tile_layout(rows: int, cols: int, stages: int):
     """Staged shared-memory layout of an fp32 (rows, cols) tile that wgmma accumulators are
     stored into a pair of columns at a time, and that leaves as one linear bulk copy.
 
@@ -39,18 +38,13 @@ def accumulator_tile_layout(rows: int, cols: int, stages: int, *, stage_stride: 
     stalls three times flash-attn-4's). Here a row holds 64 floats, two swizzle lines, and
     four consecutive rows fall in four different 32-byte bank groups; wider tiles repeat
     the pattern per 64 columns. ``configs.accumulator_tile_offset`` is the same map as
-    arithmetic.
-
-    ``stages`` tiles (the parts of dQ) follow each other, or lie ``stage_stride`` floats
-    apart; ``buffers`` adds a last mode of such sets ``buffer_stride`` floats apart (dQ
-    written over the Q and dO stages: Sm90BackwardConfig.dq_in_qdo_stages)."""
+    arithmetic."""
     if cols % ACCUMULATOR_ROW_FLOATS:
         raise ValueError(f"cols={cols}: a multiple of {ACCUMULATOR_ROW_FLOATS} fp32 columns")
-    shape = (rows, (ACCUMULATOR_ROW_FLOATS, cols // ACCUMULATOR_ROW_FLOATS), stages)
-    stride = (ACCUMULATOR_ROW_FLOATS, (1, rows * ACCUMULATOR_ROW_FLOATS), stage_stride or rows * cols)
-    if buffers is not None:
-        shape, stride = shape + (buffers,), stride + (buffer_stride,)
-    outer = cute.make_layout(shape, stride=stride)
+    outer = cute.make_layout(
+        (rows, (ACCUMULATOR_ROW_FLOATS, cols // ACCUMULATOR_ROW_FLOATS), stages),
+        stride=(ACCUMULATOR_ROW_FLOATS, (1, rows * ACCUMULATOR_ROW_FLOATS), rows * cols),
+    )
     bits, base, shift = ACCUMULATOR_SWIZZLE
     return cute.make_composed_layout(cute.make_swizzle(bits, base + FP32_ADDRESS_BITS, shift), 0, outer)
 

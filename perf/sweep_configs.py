@@ -57,8 +57,6 @@ BACKWARD_CANDIDATES: dict[int, list[dict[str, Any]]] = {
 # dQ transposed where it takes 64 (causal: 2k 759 -> 774 us, 16k 4370 -> 4247 on the H100,
 # two rounds; not taken, and it spills 8 bytes there).
 BACKWARD_CANDIDATES[128] += [dict(dq_transposed=False, tile_m=64), dict(dq_transposed=True, tile_m=80)]
-# Head dim 256: dQ written over the Q and dO stage, two stages of each.
-BACKWARD_CANDIDATES[256] += [dict(dq_in_qdo_stages=True, q_stages=2, do_stages=2)]
 # With --group G > 1 (GQA/MQA) these join them: the ways to write a group's dK and dV
 # (shared fp32 accumulators, a CTA per kv head, and that CTA in mirrored pairs of key
 # blocks; flash4/backward.py picks among them, perf/h200-findings.md has the sweeps).

@@ -32,12 +32,6 @@ class NamedBarrier(enum.IntEnum):
     # written (the dQ store warp syncs there before its TMA reduction), and syncs on
     # DQ_EMPTY_0 + i before it writes the part again (the store warp arrives once the TMA
     # engine has read it). 128 + 32 threads each; 6, 7 and 8, 9.
-    #
-    # With dQ written over the Q and dO stage (dq_in_qdo_stages) there is no DQ_EMPTY (the
-    # rings order the writes) and each stage has its own DQ_FULL pair, stage s at
-    # DQ_FULL_0 + 2 s, stage 1 taking DQ_EMPTY's ids: a bar.arrive carries no phase, and a
-    # warpgroup a stage ahead of a store warp held up (a ticket, a turn) would otherwise
-    # arrive twice before the warp's one sync, which completes on the wrong arrivals.
     DQ_FULL_0 = 6
     DQ_EMPTY_0 = 8
     # Forward with one O store per consumer warpgroup: warpgroup i's 128 threads meet on
@@ -48,9 +42,6 @@ class NamedBarrier(enum.IntEnum):
     # syncs there before its dQ GEMM reads them (warpgroup 1 at the start of its step,
     # warpgroup 0 before writing its next rows). 256 threads each; 13, 14.
     DS_WRITTEN_0 = 13
-    # Backward with dQ written over the Q and dO stage (dq_in_qdo_stages): both consumer
-    # warpgroups' dK and dV GEMMs on the stage are done, so it may take dQ. 256 threads.
-    QDO_READ = 15
 
 
 class WarpgroupPingPong:

@@ -311,48 +311,6 @@ def test_backward_transposed_dq_variants_match_reference(causal, seqlen_q, seqle
     _backward_matches_reference(3, seqlen_q, seqlen_k, heads, kv_heads, 128, causal, torch.bfloat16, config)
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 1), (17, 17), (1000, 1000), (4096, 128), (128, 4096), (333, 777)))
-@pytest.mark.parametrize(
-    "heads,kv_heads,change",
-    (
-        (3, 3, dict(dq_first_stores=True)),
-        (3, 3, dict(dq_first_stores=False)),
-        (4, 2, dict(kv_accumulate=True, kv_group_in_cta=False)),
-        (6, 2, dict(kv_accumulate=False, kv_group_in_cta=True)),
-    ),
-    ids=("mha-first-stores", "mha-zeroed", "gqa2-accumulate", "gqa3-in-cta"),
-)
-def test_backward_dq_in_qdo_stages_variants_match_reference(causal, seqlen_q, seqlen_k, heads, kv_heads, change):
-    # Head dim 256 with dQ's parts written over the Q and dO stage (dq_in_qdo_stages) and
-    # two stages of each: the store warp frees a stage once its reductions have read it,
-    # the producer loads the next block into the other. Ragged, long walks (4096 queries:
-    # both stages turning 32 times), causal and not, first stores and the zeroed
-    # accumulator, both GQA schemes (the store warp's places in the rings running on from
-    # one head's walk to the next).
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(
-        backward_config(256, causal, kv_heads != heads, seqlen_k=seqlen_k), dq_in_qdo_stages=True, q_stages=2,
-        do_stages=2, **change,
-    )
-    _backward_matches_reference(2, seqlen_q, seqlen_k, heads, kv_heads, 256, causal, torch.bfloat16, config)
-
-
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_dq_in_qdo_stages_deterministic_backward_is_bit_identical(causal):
-    import dataclasses
-
-    from flash4.backward import backward_config
-
-    config = dataclasses.replace(
-        backward_config(256, causal, False, True, seqlen_k=1000), dq_in_qdo_stages=True, q_stages=2, do_stages=2
-    )
-    _deterministic_runs_agree(4, 4, 256, causal, config)
-
-
 @pytest.mark.parametrize("tile_m", (80, 64))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_transposed_dq_deterministic_backward_is_bit_identical(tile_m, causal):

@@ -170,35 +170,6 @@ def test_backward_kernel_compiles_with_hopper_instructions(head_dim, causal, gro
 
 
 
-@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
-def test_dq_over_qdo_stages_backward_hands_stages_to_the_store_warp(causal):
-    # Head dim 256 with dQ's parts written over the Q and dO stage (dq_in_qdo_stages): two
-    # stages of each in the shared memory one took beside the dQ tile, every wgmma
-    # pipelined, no spill. The warpgroups never wait for DQ_EMPTY (a stage is theirs until
-    # the store warp frees it): each block's hand-over is the 256-thread QDO_READ meeting
-    # after the GEMMs, then an arrival on the stage's DQ_FULL (its id in a register), which
-    # only the store warp syncs on; it still reduces each part in one go.
-    import dataclasses
-
-    from flash4.backward import backward_config
-    from flash4.compiler import compile_backward_report
-    from flash4.kernels.configs import SM90_SMEM_BYTES
-
-    base = backward_config(256, causal, seqlen_k=16384)
-    config = dataclasses.replace(base, dq_in_qdo_stages=True, q_stages=2, do_stages=2)
-    assert base.smem_bytes() < config.smem_bytes() <= SM90_SMEM_BYTES
-    report = compile_backward_report(config)
-    assert report.spill_bytes == 0 and report.serialized_wgmma == 0, config
-    ptx = report.ptx
-    handoffs = re.findall(r"bar\.(sync|arrive)\s+(\S+), 160;", ptx)
-    kinds = [kind for kind, _ in handoffs]
-    assert kinds.count("sync") == config.consumer_warpgroups and kinds.count("arrive") >= 1, handoffs
-    assert all(barrier.startswith("%r") for _, barrier in handoffs), handoffs
-    meetings = re.findall(r"bar\.sync\s+(\S+), 256;", ptx)
-    assert meetings.count(str(int(NamedBarrier.QDO_READ))) == 2, meetings
-    assert ptx.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == config.consumer_warpgroups
-
-
 @pytest.mark.parametrize("head_dim", (64, 128))
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_staggered_backward_meets_by_arrivals(head_dim, causal):

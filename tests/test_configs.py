@@ -174,11 +174,6 @@ def test_backward_selector_walks_a_kv_group_in_one_cta_on_a_full_grid_causal_onl
         # Head dim 256 with two Q stages: the fp32 dQ tile leaves no room.
         (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True),
          "bytes of shared memory"),
-        # dQ over the Q and dO stages: a DQ_FULL pair per stage, two pairs of named barriers.
-        (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=3, do_stages=3, head_dim_split=True,
-              dq_in_qdo_stages=True), "dq_in_qdo_stages=True: .*at most 2; .*q_stages=3"),
-        (dict(head_dim=256, tile_m=64, tile_n=64, q_stages=2, do_stages=1, head_dim_split=True,
-              dq_in_qdo_stages=True), "dq_in_qdo_stages=True: .*as many Q as dO stages"),
     ],
 )
 def test_invalid_backward_configs_name_the_field(fields, message):
@@ -216,9 +211,7 @@ def test_each_kernels_named_barriers_differ_and_fit_the_hardware():
     from flash4.pipelines.named_barriers import HARDWARE_BARRIERS, NamedBarrier as B
 
     forward = [B.EPILOGUE] + [B.WARPGROUP_TURN_0 + w for w in range(4)] + [B.EPILOGUE_WARPGROUP_0 + w for w in range(4)]
-    backward = [B.EPILOGUE, B.DS_TILE, B.QDO_READ] + [
-        first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)
-    ]
+    backward = [B.EPILOGUE, B.DS_TILE] + [first + w for first in (B.DQ_FULL_0, B.DQ_EMPTY_0, B.DS_WRITTEN_0) for w in range(2)]
     for ids in (forward, backward):
         assert len(set(ids)) == len(ids) and 0 < min(ids) and max(ids) < HARDWARE_BARRIERS
 
