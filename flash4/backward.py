@@ -68,7 +68,9 @@ MIRRORED_KV_GROUP_MAX_SEQLEN_K: dict[int, int] = {64: 4096, 128: 1024}
 # 532, causal 4k 492 -> 480 (mirrored pairs). Grouped head dim 64 is staggered unmasked
 # (its walks' loop bound, the group size, now a kernel argument: it spilled 4 bytes when the
 # kernel divided it out) and in step causal, where it lost (and the mirrored pairs spill 24
-# bytes staggered). Keyed by (grouped, causal).
+# bytes staggered). Head dim 64 causal again from 4k (H100, five rounds, 2026-12-06,
+# perf/results/h100/2026-12-06-bwd-sweep-d64-causal-staggered.json): 4k 453 -> 457, 8k
+# 503 -> 489, 16k 535 -> 528, so it stays in step. Keyed by (grouped, causal).
 STAGGERED_HEAD_DIMS: dict[tuple[bool, bool], tuple[int, ...]] = {
     (False, False): (64, 128), (False, True): (128,), (True, False): (64, 128), (True, True): (128,),
 }
